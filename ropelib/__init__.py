@@ -1,0 +1,33 @@
+"""ropelib: Rotary Position Embedding (RoPE) for PyTorch.
+
+Core API (needs only torch and numpy)::
+
+    from ropelib import generate_rope_embeddings, apply_rope, StandardAttentionWithRoPE
+
+Plotting and sliders live in ``ropelib.viz`` (matplotlib, ipywidgets).
+"""
+
+from .attention import KVCache, StandardAttentionWithRoPE
+from .layouts import convert_activations, convert_meta_attention_state_dict, convert_qk_weight
+from .linear_attention import linear_attention
+from .masks import causal_mask
+from .rotation import apply_rope
+from .scaling import scaled_frequencies
+from .tables import RotaryEmbedding, generate_rope_embeddings, rope_frequencies
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KVCache",
+    "RotaryEmbedding",
+    "StandardAttentionWithRoPE",
+    "apply_rope",
+    "causal_mask",
+    "convert_activations",
+    "convert_meta_attention_state_dict",
+    "convert_qk_weight",
+    "generate_rope_embeddings",
+    "linear_attention",
+    "rope_frequencies",
+    "scaled_frequencies",
+]

@@ -1,0 +1,227 @@
+"""Multi-head attention with RoPE on q and k, a KV cache, GQA/MQA and an SDPA fast path."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_float_tensor, check_layout
+from .masks import prepare_mask
+from .rotation import SHORT_TABLE_MODES, apply_rope
+from .tables import RotaryEmbedding
+
+
+class KVCache:
+    """Rotated keys and values of the tokens seen so far, each ``(batch, kv_heads, length, head_dim)``.
+
+    Pass one instance to successive ``forward`` calls of one layer; each call appends its new
+    keys and values and attends over all of them. The next token's position (``offset``)
+    defaults to ``length``.
+    """
+
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[-2]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache."""
+        if self.key is not None:
+            if key.shape[:2] != self.key.shape[:2] or key.shape[-1] != self.key.shape[-1]:
+                raise ValueError(f"new keys of shape {tuple(key.shape)} do not extend the cached "
+                                 f"keys of shape {tuple(self.key.shape)}")
+            key = torch.cat([self.key, key], dim=-2)
+            value = torch.cat([self.value, value], dim=-2)
+        self.key, self.value = key, value
+        return key, value
+
+    def reset(self) -> None:
+        self.key = self.value = None
+
+
+class StandardAttentionWithRoPE(nn.Module):
+    """Multi-head attention whose q and k are rotated by RoPE (RoFormer).
+
+    Inputs and output are ``(batch, seq, embed_dim)``. ``forward(query, key, value,
+    rope_embeddings=None, attn_mask=None, return_attn=False)`` keeps the interface of the
+    module ropelib grew from; everything else is keyword-only.
+
+    Args:
+        embed_dim: model width D.
+        num_heads: query heads H; head_dim = D / H must be even.
+        dropout: dropout on the attention weights (training only).
+        num_kv_heads: key/value heads (GQA; 1 is MQA). Default: num_heads.
+        bias: bias in the four projections (Hugging Face Llama: False).
+        layout: ``"interleaved"`` (RoFormer, Meta Llama) or ``"half"`` (Hugging Face Llama).
+        rotary_dim: rotate only the first rotary_dim channels of each head.
+        base, scaling, max_position_embeddings: the built-in ``RotaryEmbedding``, used when
+            ``rope_embeddings`` is not passed.
+        rope: False builds attention without any position information (a baseline).
+        short_table: what to do with a table shorter than the positions (see ``apply_rope``).
+
+    Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (``nn.Linear``) and, unless
+    ``rope=False``, ``rotary`` (``RotaryEmbedding``).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, *,
+                 num_kv_heads: int | None = None, bias: bool = True, layout: str = "interleaved",
+                 rotary_dim: int | None = None, base: float = 10000.0,
+                 scaling: Mapping | None = None, max_position_embeddings: int = 2048,
+                 rope: bool = True, short_table: str = "raise",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
+            raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not divisible by "
+                             f"num_kv_heads={num_kv_heads}")
+        head_dim = embed_dim // num_heads
+        if head_dim % 2:
+            raise ValueError(f"head_dim = embed_dim / num_heads = {embed_dim} / {num_heads} = "
+                             f"{head_dim} must be even (RoPE rotates channel pairs)")
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if (isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0
+                or rotary_dim % 2 or rotary_dim > head_dim):
+            raise ValueError(f"rotary_dim must be a positive even int <= head_dim={head_dim}, "
+                             f"got {rotary_dim!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_layout(layout)
+        if short_table not in SHORT_TABLE_MODES:
+            raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, "
+                             f"got {short_table!r}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim, self.rotary_dim, self.layout = head_dim, rotary_dim, layout
+        self.dropout, self.short_table = dropout, short_table
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **kw)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        self.rotary = RotaryEmbedding(rotary_dim, base, scaling=scaling, device=device,
+                                      max_position_embeddings=max_position_embeddings
+                                      ) if rope else None
+
+    def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
+
+    def _check_inputs(self, query, key, value) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_float_tensor(name, t)
+            if t.ndim != 3 or t.shape[-1] != self.embed_dim:
+                raise ValueError(f"{name} must have shape (batch, seq, embed_dim={self.embed_dim}),"
+                                 f" got {tuple(t.shape)}")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(f"query, key and value must share the batch size, got "
+                             f"{query.shape[0]}, {key.shape[0]}, {value.shape[0]}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key and value must have the same length, got {key.shape[1]} "
+                             f"and {value.shape[1]}")
+
+    def _rotate(self, q, k, rope_embeddings, positions, key_positions, offset):
+        if rope_embeddings is not None:
+            if not isinstance(rope_embeddings, (tuple, list)) or len(rope_embeddings) != 2:
+                raise ValueError("rope_embeddings must be a (cos, sin) pair, e.g. from "
+                                 "generate_rope_embeddings(seq_len, head_dim)")
+            cos, sin = rope_embeddings
+        elif self.rotary is not None:
+            ends = [offset + max(q.shape[-2], k.shape[-2])]
+            ends += [int(p.max()) + 1 for p in (positions, key_positions)
+                     if p is not None and p.numel()]
+            cos, sin = self.rotary.tables(max(ends))
+        else:
+            return q, k
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim,
+              "short_table": self.short_table}
+        if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
+            key_positions = positions
+        q = apply_rope(q, cos, sin, positions=positions,
+                       offset=offset if positions is None else 0, **kw)
+        k = apply_rope(k, cos, sin, positions=key_positions,
+                       offset=offset if key_positions is None else 0, **kw)
+        return q, k
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attn_mask: torch.Tensor | None = None, return_attn: bool = False, *,
+                is_causal: bool = False, positions: torch.Tensor | None = None,
+                key_positions: torch.Tensor | None = None, offset: int | None = None,
+                kv_cache: KVCache | None = None):
+        """Attend from query ``(B, Nq, D)`` to key/value ``(B, Nk, D)``.
+
+        Args:
+            rope_embeddings: ``(cos, sin)`` tables ``(>= positions, rotary_dim // 2)``; default:
+                the module's own ``RotaryEmbedding``.
+            attn_mask: boolean (True = may attend) or float (added to the scores), broadcastable
+                to ``(B, H, Nq, Nk)`` (Nk includes cached keys).
+            return_attn: also return the softmax weights ``(B, H, Nq, Nk)`` (before dropout);
+                this takes the explicit path instead of ``scaled_dot_product_attention``.
+            is_causal: causal mask, lower-right aligned when Nq < Nk.
+            positions: query positions ``(Nq,)`` or ``(B, Nq)``; default offset + 0..Nq-1.
+            key_positions: key positions; default ``positions`` when Nk == Nq, else
+                offset + 0..Nk-1.
+            offset: first position; default the cache length (0 without a cache).
+            kv_cache: a ``KVCache`` to append to and attend over.
+
+        Returns:
+            ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
+            that may attend to nothing gets zeros (no NaN).
+        """
+        self._check_inputs(query, key, value)
+        if offset is None:
+            offset = kv_cache.length if kv_cache is not None else 0
+        q = self._split_heads(self.q_proj(query), self.num_heads)
+        k = self._split_heads(self.k_proj(key), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(value), self.num_kv_heads)
+        q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)
+        batch, q_len, k_len = q.shape[0], q.shape[-2], k.shape[-2]
+        p = self.dropout if self.training else 0.0
+        gqa = self.num_kv_heads != self.num_heads
+        if is_causal and attn_mask is None and q_len == k_len and not return_attn:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                                 enable_gqa=gqa)
+            return self._merge(out)
+        mask, empty = prepare_mask(attn_mask, (batch, self.num_heads, q_len, k_len), is_causal,
+                                   q.dtype, q.device)
+        if return_attn:
+            out, weights = self._explicit(q, k, v, mask, empty, p)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 enable_gqa=gqa)
+        if empty is not None:
+            out = out.masked_fill(empty, 0.0)
+        out = self._merge(out)
+        return (out, weights) if return_attn else out
+
+    def _explicit(self, q, k, v, mask, empty, p):
+        groups = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                      else scores + mask)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if empty is not None:
+            weights = weights.masked_fill(empty, 0.0)
+        return F.dropout(weights, p=p, training=p > 0) @ v, weights
+
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        batch, _, seq, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))

@@ -1,0 +1,117 @@
+"""Permutations between the two pair layouts.
+
+``interleaved`` pairs channels (2i, 2i+1); ``half`` pairs (i, i + d/2). Both rotate pair i by
+m * theta_i, so they are the same operation up to the channel permutation
+
+    half[..., j] = interleaved[..., perm[j]],  perm = [0, 2, 4, ..., d-2, 1, 3, ..., d-1].
+
+Applied to the output rows of the q and k projections (per head) it converts a model's
+weights exactly: that is how Meta's Llama checkpoints (interleaved) become Hugging Face's
+(half). Channels past ``rotary_dim`` are not rotated and keep their place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import LAYOUTS, check_even_positive, check_layout
+
+
+def half_from_interleaved_index(dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+    """Index ``perm`` with ``x_half = x_interleaved[..., perm]``, shape ``(dim,)``."""
+    rd = _rotary(dim, rotary_dim)
+    return torch.cat([torch.arange(0, rd, 2), torch.arange(1, rd, 2), torch.arange(rd, dim)])
+
+
+def interleaved_from_half_index(dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+    """Index ``perm`` with ``x_interleaved = x_half[..., perm]``, shape ``(dim,)``."""
+    return torch.argsort(half_from_interleaved_index(dim, rotary_dim))
+
+
+def _rotary(dim: int, rotary_dim: int | None) -> int:
+    check_even_positive("dim", dim)
+    rd = dim if rotary_dim is None else rotary_dim
+    check_even_positive("rotary_dim", rd)
+    if rd > dim:
+        raise ValueError(f"rotary_dim must be <= head_dim={dim}, got {rd}")
+    return rd
+
+
+def _index(src: str, dst: str, dim: int, rotary_dim: int | None) -> torch.Tensor:
+    check_layout(src)
+    check_layout(dst)
+    _rotary(dim, rotary_dim)
+    if src == dst:
+        return torch.arange(dim)
+    if dst == "half":
+        return half_from_interleaved_index(dim, rotary_dim)
+    return interleaved_from_half_index(dim, rotary_dim)
+
+
+def convert_activations(x: torch.Tensor, *, src: str, dst: str,
+                        rotary_dim: int | None = None) -> torch.Tensor:
+    """Reorder the last dim of ``x`` ``(..., head_dim)`` from layout ``src`` to ``dst``."""
+    return x[..., _index(src, dst, x.shape[-1], rotary_dim).to(x.device)]
+
+
+def convert_qk_weight(weight: torch.Tensor, num_heads: int, *, src: str, dst: str,
+                      rotary_dim: int | None = None) -> torch.Tensor:
+    """Reorder the output rows of a q or k projection from layout ``src`` to ``dst``.
+
+    Args:
+        weight: ``(num_heads * head_dim, in_features)`` weight or ``(num_heads * head_dim,)``
+            bias, as stored by ``nn.Linear``.
+        num_heads: heads of this projection (the number of KV heads for k under GQA/MQA).
+        src, dst: ``"interleaved"`` or ``"half"``.
+        rotary_dim: rotated channels per head, default head_dim.
+
+    Returns:
+        The converted tensor, same shape.
+    """
+    if not isinstance(weight, torch.Tensor) or weight.ndim not in (1, 2):
+        seen = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a (out_features, in_features) weight or an "
+                         f"(out_features,) bias, got {seen}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    rows = weight.shape[0]
+    if rows % num_heads:
+        raise ValueError(f"weight has {rows} output rows, not divisible by num_heads={num_heads}")
+    head_dim = rows // num_heads
+    index = _index(src, dst, head_dim, rotary_dim).to(weight.device)
+    per_head = weight.reshape(num_heads, head_dim, *weight.shape[1:])
+    return per_head[:, index].reshape(weight.shape)
+
+
+def convert_meta_attention_state_dict(state_dict: dict, num_heads: int,
+                                      num_kv_heads: int | None = None, *,
+                                      layout: str = "half") -> dict:
+    """Map a Meta Llama attention state dict (``wq``, ``wk``, ``wv``, ``wo``) to ropelib's names.
+
+    Meta's checkpoints store q and k rows in the interleaved layout. For ``layout="half"``
+    (Hugging Face's) the rows of ``wq`` and ``wk`` are permuted per head, exactly as
+    Hugging Face's conversion script does; for ``layout="interleaved"`` they are copied as
+    they are. Keys may carry a ``.weight`` suffix or not.
+
+    Returns:
+        ``{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}`` for
+        ``StandardAttentionWithRoPE(..., bias=False, layout=layout)``.
+    """
+    check_layout(layout)
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    out = {}
+    for meta, ours in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+        key = meta if meta in state_dict else f"{meta}.weight"
+        if key not in state_dict:
+            raise ValueError(f"state_dict has no {meta!r} (or {meta + '.weight'!r}); "
+                             f"keys seen: {sorted(state_dict)}")
+        w = state_dict[key]
+        if meta in ("wq", "wk"):
+            heads = num_heads if meta == "wq" else num_kv_heads
+            w = convert_qk_weight(w, heads, src="interleaved", dst=layout)
+        out[f"{ours}.weight"] = w
+    return out
+
+
+__all__ = ["LAYOUTS", "convert_activations", "convert_meta_attention_state_dict",
+           "convert_qk_weight", "half_from_interleaved_index", "interleaved_from_half_index"]

@@ -1,0 +1,90 @@
+"""Attention masks: validation, causal masks and rows that may attend to nothing.
+
+Conventions follow ``torch.nn.functional.scaled_dot_product_attention``: a boolean mask is
+True where a query may attend; a float mask is added to the scores (0 to keep, -inf to
+block). Masks broadcast to ``(batch, heads, q_len, k_len)``.
+
+A query row that may attend to no key has no softmax (0/0). ropelib returns zeros for such a
+row (and zero attention weights), never NaN, so one fully padded row cannot poison a batch
+or its gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAN_MASK_HELP = (
+    "attn_mask contains NaN. The recipe (~pad_mask)[:, None, None, :] * float('-inf') "
+    "computes 0 * -inf = NaN at every kept position. Pass the boolean mask "
+    "pad_mask[:, None, None, :] (True = may attend) instead, or build a float mask with "
+    "torch.zeros(pad_mask.shape).masked_fill(~pad_mask, float('-inf'))[:, None, None, :]."
+)
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean ``(q_len, k_len)`` mask, lower-right aligned: query i sees keys j <= i + k_len - q_len.
+
+    With q_len == k_len this is the usual lower triangle; with fewer queries than keys (the
+    queries are the last tokens, as in decoding with a KV cache) the last query sees every key.
+    """
+    i = torch.arange(q_len, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    return j <= i + (k_len - q_len)
+
+
+def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int],
+                 is_causal: bool, dtype: torch.dtype, device: torch.device
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Validate and combine a user mask with causality.
+
+    Args:
+        attn_mask: None, boolean or float, broadcastable to ``shape``.
+        shape: ``(batch, heads, q_len, k_len)``.
+        is_causal: add the lower-right aligned causal mask.
+        dtype: dtype of the scores (float masks are cast to it).
+
+    Returns:
+        ``(mask, empty_rows)``: ``mask`` (bool or float, broadcastable to ``shape``, with rows
+        that allow nothing opened up so that softmax stays finite) or None; ``empty_rows``
+        (bool, broadcastable to ``(batch, heads, q_len, 1)``) marking rows whose output must be
+        zero, or None when there are none.
+    """
+    q_len, k_len = shape[-2:]
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(f"attn_mask must be boolean (True = may attend) or float (added to "
+                            f"the scores), got dtype {attn_mask.dtype}")
+        try:
+            fits = attn_mask.ndim <= 4 and torch.broadcast_shapes(attn_mask.shape, shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                             f"(batch, heads, q_len, k_len) = {shape}")
+        if attn_mask.device != device:
+            raise ValueError(f"attn_mask is on {attn_mask.device} but the inputs are on {device}")
+        if attn_mask.is_floating_point():
+            if torch.isnan(attn_mask).any():
+                raise ValueError(NAN_MASK_HELP)
+            attn_mask = attn_mask.to(dtype)
+    if is_causal:
+        causal = causal_mask(q_len, k_len, device)
+        if attn_mask is None:
+            attn_mask = causal
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & causal
+        else:
+            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+    if attn_mask is None:
+        return None, None
+    if attn_mask.dtype == torch.bool:
+        empty = ~attn_mask.any(dim=-1, keepdim=True)
+        if not empty.any():
+            return attn_mask, None
+        return attn_mask | empty, empty
+    empty = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
+    if not empty.any():
+        return attn_mask, None
+    return attn_mask.masked_fill(empty, 0.0), empty

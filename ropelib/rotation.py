@@ -1,0 +1,202 @@
+"""apply_rope: rotate channel pairs of q or k by the angles m * theta_i.
+
+For position m and pair i, with (a, b) the two channels of the pair,
+
+    a' = a cos(m theta_i) - b sin(m theta_i)
+    b' = a sin(m theta_i) + b cos(m theta_i),
+
+which is multiplication by the block-diagonal matrix R_{Theta,m} of RoFormer eq. (15). The
+layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer, GPT-J,
+Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
+
+The gradient of a rotation is the rotation by the opposite angle, so the backward pass is the
+same kernel with sin negated instead of a chain of autograd nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ._checks import check_float_tensor, check_int_tensor, check_layout
+
+Layout = Literal["interleaved", "half"]
+SHORT_TABLE_MODES = ("raise", "repeat_last")
+
+
+def _pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
+    if layout == "half":
+        h = t.shape[-1] // 2
+        return t[..., :h], t[..., h:]
+    return t[..., 0::2], t[..., 1::2]
+
+
+def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 layout: str) -> None:
+    """out = R x for x, out of shape (..., rotary_dim); cos, sin broadcast to (..., d/2)."""
+    a, b = _pairs(x, layout)
+    out_a, out_b = _pairs(out, layout)
+    torch.mul(a, cos, out=out_a)
+    out_a.addcmul_(b, sin, value=-1)
+    torch.mul(b, cos, out=out_b)
+    out_b.addcmul_(a, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+            rotary_dim: int) -> torch.Tensor:
+    out = torch.empty_like(x)
+    if rotary_dim == x.shape[-1]:
+        _rotate_into(out, x, cos, sin, layout)
+    else:
+        _rotate_into(out[..., :rotary_dim], x[..., :rotary_dim], cos, sin, layout)
+        out[..., rotary_dim:] = x[..., rotary_dim:]
+    return out
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """y = R_Theta x with the backward g -> R_Theta^T g (and the grads of cos and sin)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout, rotary_dim):
+        ctx.save_for_backward(x, cos, sin)
+        ctx.layout, ctx.rotary_dim = layout, rotary_dim
+        return _rotate(x, cos, sin, layout, rotary_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, cos, sin = ctx.saved_tensors
+        layout, rd = ctx.layout, ctx.rotary_dim
+        grad_x = grad_cos = grad_sin = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            a, b = _pairs(x[..., :rd], layout)
+            ga, gb = _pairs(grad[..., :rd], layout)
+            grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
+            grad_sin = (gb * a - ga * b).sum_to_size(sin.shape)
+        return grad_x, grad_cos, grad_sin, None, None
+
+
+def _select_rows(table: torch.Tensor, name: str, x: torch.Tensor, positions, offset: int,
+                 short_table: str) -> torch.Tensor:
+    """Rows of a (table_len, d/2) table for x's positions, shaped to broadcast against x."""
+    seq_len, table_len = x.shape[-2], table.shape[0]
+    if positions is None:
+        needed = offset + seq_len
+        if needed > table_len:
+            if short_table == "raise" or table_len == 0:
+                raise ValueError(
+                    f"{name} has {table_len} rows but positions {offset}..{needed - 1} need "
+                    f"{needed} (seq_len={seq_len}, offset={offset}); generate a longer table, "
+                    f"e.g. generate_rope_embeddings({needed}, head_dim)")
+            index = torch.arange(offset, needed, device=table.device).clamp_max(table_len - 1)
+            return table[index]
+        return table[offset:needed]
+    index = positions.to(table.device)
+    if short_table == "repeat_last":
+        index = index.clamp_max(table_len - 1)
+    rows = table[index]
+    if positions.ndim == 2:
+        rows = rows.reshape(rows.shape[:1] + (1,) * (x.ndim - 3) + rows.shape[1:])
+    return rows
+
+
+def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
+                     short_table: str) -> None:
+    check_int_tensor("positions", positions)
+    seq_len = x.shape[-2]
+    ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
+                                       and positions.shape[0] in (1, x.shape[0]))
+    if not ok_shape or positions.shape[-1] != seq_len:
+        raise ValueError(
+            f"positions must have shape (seq_len,) = ({seq_len},) or (batch, seq_len) = "
+            f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}), got {tuple(positions.shape)}")
+    if offset:
+        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
+                         "add the offset to positions instead")
+    if positions.numel() == 0:
+        return
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0:
+        raise ValueError(f"positions must be >= 0, got min {low}")
+    if high >= table_len and short_table == "raise":
+        raise ValueError(f"positions go up to {high} but the cos/sin table has only {table_len} "
+                         f"rows (positions 0..{table_len - 1}); generate a longer table, "
+                         f"e.g. generate_rope_embeddings({high + 1}, head_dim)")
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: Layout = "interleaved",
+    positions: torch.Tensor | None = None, offset: int = 0, rotary_dim: int | None = None,
+    short_table: Literal["raise", "repeat_last"] = "raise",
+) -> torch.Tensor:
+    """Rotate x by R_{Theta,m}, where m is each row's position.
+
+    Args:
+        x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``; floating point.
+        cos, sin: tables ``(table_len, rotary_dim // 2)`` from ``generate_rope_embeddings``
+            or ``RotaryEmbedding``, in any float dtype (cast to ``x.dtype`` here); or rows
+            already gathered, with as many dims as x and broadcastable to
+            ``(..., seq, rotary_dim // 2)``.
+        layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
+        positions: integer positions ``(seq,)`` or ``(batch, seq)`` (one row per batch entry,
+            e.g. for left-padded batches); default ``offset .. offset + seq - 1``.
+        offset: first position when ``positions`` is not given (KV-cache decoding).
+        rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
+            the rest through unchanged, as GPT-NeoX and GPT-J do. Default: head_dim.
+        short_table: ``"raise"`` (default): a table shorter than the positions is an error.
+            ``"repeat_last"`` reuses the last row for positions past the table, the behaviour
+            of the module ropelib grew from; it silently destroys relative positions there.
+
+    Returns:
+        A new tensor with the shape and dtype of x.
+    """
+    check_float_tensor("x", x)
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
+    check_layout(layout)
+    if short_table not in SHORT_TABLE_MODES:
+        raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
+    head_dim = x.shape[-1]
+    rd = head_dim if rotary_dim is None else rotary_dim
+    if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
+        what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
+        raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
+                         f"got {rd}")
+    check_float_tensor("cos", cos)
+    check_float_tensor("sin", sin)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+    if cos.ndim < 2 or cos.shape[-1] != rd // 2:
+        hint = "" if rotary_dim is not None or cos.ndim < 2 else (
+            f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
+        raise ValueError(f"cos/sin must have shape (table_len, {rd // 2}) (rotary_dim // 2 = "
+                         f"{rd} // 2), got {tuple(cos.shape)}{hint}")
+    if cos.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}; "
+                         f"move them with cos.to(x.device)")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    if cos.ndim == 2:
+        if positions is not None:
+            _check_positions(positions, x, offset, cos.shape[0], short_table)
+        cos = _select_rows(cos, "cos", x, positions, offset, short_table)
+        sin = _select_rows(sin, "sin", x, positions, offset, short_table)
+    else:
+        expected = x.shape[:-1] + (rd // 2,)
+        try:
+            fits = cos.ndim == x.ndim and torch.broadcast_shapes(cos.shape, expected) == expected
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
+                             f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
+                             "with positions= instead")
+        if positions is not None or offset:
+            raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
+                             f"are already gathered (shape {tuple(cos.shape)})")
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return _RotaryFunction.apply(x, cos, sin, layout, rd)

@@ -1,0 +1,199 @@
+"""Rotation frequencies, plain and rescaled for context extension.
+
+RoFormer's frequencies are theta_i = base^(-2i/d) for i = 0 .. d/2 - 1. Context-extension
+methods change them (and sometimes the attention temperature). Each method is configured by
+the same dictionary Hugging Face configs use under ``rope_scaling``, for example
+``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}``.
+
+Supported ``rope_type`` values:
+
+- ``"default"``: theta_i unchanged.
+- ``"linear"``: position interpolation (Chen et al. 2023), theta_i / s, so that position m
+  rotates like position m / s did.
+- ``"ntk"``: NTK-aware base change, base' = base * s^(d / (d - 2)), which stretches the lowest
+  frequency by exactly s and leaves the highest one unchanged.
+- ``"dynamic"``: NTK with the factor recomputed from the current length L when L exceeds the
+  trained length L0: base' = base * (s L / L0 - (s - 1))^(d / (d - 2)); original
+  frequencies for L <= L0.
+- ``"yarn"``: YaRN (Peng et al. 2023): interpolate the frequencies that turn fewer than
+  beta_slow times over L0, keep those that turn more than beta_fast times, ramp linearly in
+  between, and scale the attention logits by (0.1 ln s + 1)^2 (the factor multiplies cos and
+  sin, hence q and k).
+- ``"llama3"``: Llama 3.1's rule: wavelengths longer than L0 / low_freq_factor are divided by
+  s, shorter than L0 / high_freq_factor are kept, smooth interpolation in between.
+
+All arithmetic is float64 on the CPU; callers cast and move the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from ._checks import check_base, check_even_positive
+
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+
+_REQUIRED = {
+    "default": (),
+    "linear": ("factor",),
+    "ntk": ("factor",),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "original_max_position_embeddings"),
+}
+_OPTIONAL = {
+    "default": ("factor", "original_max_position_embeddings"),
+    "linear": ("original_max_position_embeddings",),
+    "ntk": ("original_max_position_embeddings",),
+    "dynamic": (),
+    "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+}
+
+
+def default_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """theta_i = base^(-2i/dim) for i = 0 .. dim/2 - 1, shape ``(dim // 2,)``, float64, CPU."""
+    check_even_positive("dim", dim)
+    check_base(base)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return torch.pow(torch.tensor(float(base), dtype=torch.float64), -exponents)
+
+
+def rope_type(config: Mapping | None) -> str:
+    """The ``rope_type`` of a scaling config (``None`` means ``"default"``)."""
+    if config is None:
+        return "default"
+    if not isinstance(config, Mapping):
+        raise TypeError(f"scaling must be a dict like {{'rope_type': 'linear', 'factor': 2.0}} "
+                        f"or None, got {type(config).__name__}")
+    kind = config.get("rope_type", config.get("type"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"scaling['rope_type'] must be one of {ROPE_TYPES}, got {kind!r}")
+    return kind
+
+
+def _validated(config: Mapping | None) -> tuple[str, dict]:
+    kind = rope_type(config)
+    params = {k: v for k, v in (config or {}).items() if k not in ("rope_type", "type")}
+    missing = [k for k in _REQUIRED[kind] if k not in params]
+    if missing:
+        raise ValueError(f"scaling of rope_type {kind!r} needs the key(s) {missing}; got {dict(config)}")
+    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind])
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(f"scaling of rope_type {kind!r} does not accept the key(s) {unknown}; "
+                         f"accepted keys: {sorted(allowed)}")
+    factor = params.get("factor", 1.0)
+    if kind != "default" and not (isinstance(factor, (int, float)) and factor >= 1.0):
+        raise ValueError(f"scaling['factor'] must be a number >= 1, got {factor!r}")
+    original = params.get("original_max_position_embeddings")
+    if original is not None and not (isinstance(original, int) and original > 0):
+        raise ValueError("scaling['original_max_position_embeddings'] must be a positive int, "
+                         f"got {original!r}")
+    return kind, params
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """NTK-aware base: base * factor^(dim / (dim - 2))."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def yarn_correction_range(
+    dim: int, base: float, original_max_position_embeddings: int,
+    beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
+) -> tuple[float, float]:
+    """Pair indices (low, high) between which YaRN ramps from extrapolation to interpolation.
+
+    Pair i turns L0 * theta_i / (2 pi) times over the trained length L0; the pair that turns r
+    times is i(r) = d ln(L0 / (2 pi r)) / (2 ln base). low = i(beta_fast), high = i(beta_slow),
+    rounded outwards and clipped to [0, dim - 1].
+    """
+    def pair_for(rotations: float) -> float:
+        return dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi)) / (
+            2 * math.log(base))
+
+    low, high = pair_for(beta_fast), pair_for(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's temperature factor 0.1 * mscale * ln(s) + 1 (1 for s <= 1)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _yarn(dim: int, base: float, p: dict) -> tuple[torch.Tensor, float]:
+    factor = float(p["factor"])
+    theta = default_frequencies(dim, base)
+    low, high = yarn_correction_range(dim, base, p["original_max_position_embeddings"],
+                                      p.get("beta_fast", 32.0), p.get("beta_slow", 1.0),
+                                      p.get("truncate", True))
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1.0 - ramp  # 1: keep theta_i (high frequency), 0: interpolate theta_i / s
+    inv_freq = theta / factor * (1 - keep) + theta * keep
+    if p.get("attention_factor") is not None:
+        attention = float(p["attention_factor"])
+    elif p.get("mscale") and p.get("mscale_all_dim"):
+        attention = (yarn_attention_factor(factor, p["mscale"])
+                     / yarn_attention_factor(factor, p["mscale_all_dim"]))
+    else:
+        attention = yarn_attention_factor(factor)
+    return inv_freq, attention
+
+
+def _llama3(dim: int, base: float, p: dict) -> torch.Tensor:
+    factor = float(p["factor"])
+    low_ff, high_ff = float(p.get("low_freq_factor", 1.0)), float(p.get("high_freq_factor", 4.0))
+    if not high_ff > low_ff:
+        raise ValueError(f"scaling['high_freq_factor'] ({high_ff}) must exceed "
+                         f"scaling['low_freq_factor'] ({low_ff})")
+    original = p["original_max_position_embeddings"]
+    theta = default_frequencies(dim, base)
+    wavelen = 2 * math.pi / theta
+    smooth = (original / wavelen - low_ff) / (high_ff - low_ff)
+    blended = (1 - smooth) * theta / factor + smooth * theta
+    inv_freq = torch.where(wavelen > original / low_ff, theta / factor, theta)
+    medium = (wavelen >= original / high_ff) & (wavelen <= original / low_ff)
+    return torch.where(medium, blended, inv_freq)
+
+
+def scaled_frequencies(
+    dim: int, base: float = 10000.0, config: Mapping | None = None, seq_len: int | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Frequencies and attention factor for a scaling config.
+
+    Args:
+        dim: rotary dimension d (even).
+        base: RoPE base (10000 in RoFormer and Llama 2).
+        config: ``None`` or a Hugging Face style ``rope_scaling`` dict (see module docstring).
+        seq_len: current sequence length; only ``"dynamic"`` uses it.
+
+    Returns:
+        ``(inv_freq, attention_factor)``: inv_freq of shape ``(dim // 2,)``, float64 on the
+        CPU; attention_factor multiplies cos and sin (1.0 except for YaRN).
+    """
+    kind, p = _validated(config)
+    check_base(base)
+    theta = default_frequencies(dim, base)
+    if kind == "default":
+        return theta, 1.0
+    factor = float(p["factor"])
+    if kind == "linear":
+        return theta / factor, 1.0
+    if kind == "ntk":
+        return default_frequencies(dim, ntk_base(base, factor, dim)), 1.0
+    if kind == "dynamic":
+        original = p["original_max_position_embeddings"]
+        if seq_len is None or seq_len <= original:
+            return theta, 1.0
+        grown = factor * seq_len / original - (factor - 1)
+        return default_frequencies(dim, base * grown ** (dim / (dim - 2))), 1.0
+    if kind == "yarn":
+        return _yarn(dim, base, p)
+    return _llama3(dim, base, p), 1.0

@@ -1,0 +1,184 @@
+"""cos/sin tables: the angles m * theta_i for every position m and pair i.
+
+Angles are computed in float64 with autocast off, whatever dtype the model runs in, and the
+tables are returned in float32 (or float64 on request); ``apply_rope`` casts them to the
+input's dtype only when it applies them. Low-precision angle arithmetic is a real bug:
+bfloat16 holds integers exactly only up to 256, so a position stored in bfloat16 is wrong
+from 257 on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ._checks import check_even_positive, check_int_tensor
+from .scaling import rope_type, scaled_frequencies
+
+_TABLE_DTYPES = (torch.float32, torch.float64)
+
+
+def rope_frequencies(
+    dim: int, base: float = 10000.0, *, scaling: Mapping | None = None,
+    seq_len: int | None = None, device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """inv_freq theta_i = base^(-2i/dim), shape ``(dim // 2,)``, rescaled by ``scaling``.
+
+    ``seq_len`` is the current length, used only by ``{"rope_type": "dynamic"}``.
+    """
+    inv_freq, _ = scaled_frequencies(dim, base, scaling, seq_len=seq_len)
+    return inv_freq.to(device=device, dtype=dtype)
+
+
+def _angles_to_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
+                      device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.autocast("cpu", enabled=False):
+        angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
+
+
+def generate_rope_embeddings(
+    seq_len: int, head_dim: int, base: float = 10000.0,
+    device: torch.device | str | None = None, *, positions: torch.Tensor | None = None,
+    scaling: Mapping | None = None, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for positions 0 .. seq_len - 1 (or the given ``positions``).
+
+    ``cos[m, i] = cos(m * theta_i)`` and ``sin[m, i] = sin(m * theta_i)`` with
+    theta_i = base^(-2i/head_dim). Pass the rotary dimension as ``head_dim`` for a partial
+    rotation.
+
+    Args:
+        seq_len: number of positions.
+        head_dim: per-head dimension d (even).
+        base: RoPE base.
+        device: where the tables go (computed in float64 on the CPU first).
+        positions: optional ``(seq_len,)`` positions (integer or float) instead of
+            ``0 .. seq_len - 1``.
+        scaling: optional context-extension config (see ``ropelib.scaling``); YaRN's
+            attention factor multiplies both tables.
+        dtype: float32 (default) or float64.
+
+    Returns:
+        ``(cos, sin)``, each ``(seq_len, head_dim // 2)``.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len must be a non-negative int, got {seq_len!r}")
+    check_even_positive("head_dim", head_dim)
+    if dtype not in _TABLE_DTYPES:
+        raise ValueError(f"dtype must be one of {_TABLE_DTYPES} (angles need the precision), "
+                         f"got {dtype}")
+    if positions is None:
+        positions = torch.arange(seq_len, dtype=torch.float64)
+        current_len = seq_len
+    else:
+        if not isinstance(positions, torch.Tensor) or positions.shape != (seq_len,):
+            seen = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
+            raise ValueError(f"positions must be a tensor of shape (seq_len,) = ({seq_len},), "
+                             f"got {seen}")
+        positions = positions.detach().cpu()
+        current_len = int(positions.max().item()) + 1 if seq_len else 0
+    inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len)
+    return _angles_to_tables(positions, inv_freq, factor, device, dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds theta_i and a cos/sin cache that grows on demand.
+
+    The cache covers positions ``0 .. cached_len - 1``. A request beyond it regrows the cache
+    (to at least twice its length), a shorter request reuses it; it is never recomputed per
+    call. With ``{"rope_type": "dynamic"}`` the frequencies depend on the length, so the
+    cache is rebuilt for every new maximum length above the trained one and reset to the
+    original frequencies when a sequence no longer than the trained length comes
+    (the behaviour of Hugging Face's dynamic NTK).
+
+    Args:
+        dim: rotary dimension (head_dim, or rotary_dim for a partial rotation).
+        base: RoPE base.
+        scaling: optional context-extension config.
+        max_position_embeddings: initial cache length.
+        device: device of the buffers.
+
+    Buffers (not saved in state dicts): ``inv_freq`` ``(dim // 2,)`` float32, ``cos_cached``
+    and ``sin_cached`` ``(cached_len, dim // 2)`` float32.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0, *, scaling: Mapping | None = None,
+                 max_position_embeddings: int = 2048,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        check_even_positive("dim", dim)
+        if isinstance(max_position_embeddings, bool) or not isinstance(
+                max_position_embeddings, int) or max_position_embeddings < 1:
+            raise ValueError("max_position_embeddings must be a positive int, "
+                             f"got {max_position_embeddings!r}")
+        self.dim, self.base, self.scaling = dim, float(base), scaling
+        self.dynamic = rope_type(scaling) == "dynamic"
+        self.attention_factor = scaled_frequencies(dim, base, scaling)[1]
+        self.register_buffer("inv_freq", rope_frequencies(dim, base, scaling=scaling,
+                                                          device=device), persistent=False)
+        empty = torch.empty(0, dim // 2, device=device)
+        self.register_buffer("cos_cached", empty, persistent=False)
+        self.register_buffer("sin_cached", empty.clone(), persistent=False)
+        self._scaled_for: int | None = None
+        self._build(max_position_embeddings)
+
+    @property
+    def cached_len(self) -> int:
+        return self.cos_cached.shape[0]
+
+    def _build(self, length: int, freq_len: int | None = None) -> None:
+        device = self.cos_cached.device
+        inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len)
+        positions = torch.arange(length, dtype=torch.float64)
+        self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
+                                                             device, torch.float32)
+        self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+        self._scaled_for = freq_len
+
+    def _ensure(self, length: int) -> None:
+        if not self.dynamic:
+            if length > self.cached_len:
+                self._build(max(length, 2 * self.cached_len))
+            return
+        original = self.scaling["original_max_position_embeddings"]
+        if length > original and length > (self._scaled_for or original):
+            self._build(length, freq_len=length)
+        elif length <= original and self._scaled_for is not None:
+            self._build(max(self.cached_len, original))
+        elif length > self.cached_len:
+            self._build(length)
+
+    def tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached ``(cos, sin)``, grown to cover at least ``length`` positions.
+
+        The result may have more than ``length`` rows; ``apply_rope`` selects the rows it needs.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"length must be a non-negative int, got {length!r}")
+        self._ensure(length)
+        return self.cos_cached, self.sin_cached
+
+    def forward(self, seq_len: int | None = None, *, positions: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions ``0 .. seq_len - 1`` or for integer ``positions``.
+
+        Returns ``(seq_len, dim // 2)`` tables, or ``positions.shape + (dim // 2,)`` rows.
+        """
+        if (seq_len is None) == (positions is None):
+            raise ValueError("pass exactly one of seq_len or positions")
+        if positions is None:
+            cos, sin = self.tables(seq_len)
+            return cos[:seq_len], sin[:seq_len]
+        check_int_tensor("positions", positions)
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
+        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
+        index = positions.to(cos.device)
+        return cos[index], sin[index]
