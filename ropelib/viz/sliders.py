@@ -1,0 +1,67 @@
+"""Live sliders (ipywidgets, need a kernel) and their kernel-free equivalent (jshtml)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+from matplotlib.animation import FuncAnimation
+from matplotlib.figure import Figure
+
+Draw = Callable[..., None]
+
+
+def scrubber(draw: Draw, param: str, values: Sequence[float], *, fixed: dict | None = None,
+             figsize: tuple[float, float] = (6.0, 4.0), dpi: int = 72,
+             interval_ms: int = 500) -> HTML:
+    """A self-contained HTML animation of ``draw(fig, **fixed, param=value)`` over ``values``.
+
+    The result is a play/step/scrub control that needs no kernel and no network, so it is the
+    static book's stand-in for a live slider over the same parameter.
+    """
+    if not values:
+        raise ValueError(f"values must be a non-empty sequence for {param!r}, got {values!r}")
+    fixed = dict(fixed or {})
+    fig = plt.figure(figsize=figsize, dpi=dpi)
+
+    def frame(i: int) -> list:
+        fig.clear()
+        draw(fig, **fixed, **{param: values[i]})
+        return []
+
+    animation = FuncAnimation(fig, frame, frames=len(values), interval=interval_ms, blit=False)
+    html = animation.to_jshtml(default_mode="once")
+    plt.close(fig)
+    return HTML(html)
+
+
+def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),
+                **sliders: tuple[float, float, float, float]) -> widgets.Widget:
+    """ipywidgets sliders that redraw ``draw(fig, **values)`` whenever one moves.
+
+    Each keyword is ``name=(min, max, step, initial)``; integer bounds give an IntSlider.
+    Returns the widget (display it as a cell's last expression).
+    """
+    controls = {}
+    for name, spec in sliders.items():
+        if len(spec) != 4:
+            raise ValueError(f"slider {name!r} must be (min, max, step, initial), got {spec!r}")
+        low, high, step, value = spec
+        cls = widgets.IntSlider if all(isinstance(v, int) for v in spec) else widgets.FloatSlider
+        controls[name] = cls(min=low, max=high, step=step, value=value, description=name,
+                             continuous_update=False)
+    output = widgets.Output()
+
+    def redraw(change: object = None) -> None:
+        with output:
+            output.clear_output(wait=True)
+            fig = Figure(figsize=figsize)
+            draw(fig, **{name: c.value for name, c in controls.items()})
+            display(fig)
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox(list(controls.values())), output])
