@@ -217,7 +217,9 @@ class StandardAttentionWithRoPE(nn.Module):
         if mask is not None:
             scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
                       else scores + mask)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        # softmax in float32 at least (float64 stays float64, so gradcheck holds there)
+        softmax_dtype = torch.promote_types(q.dtype, torch.float32)
+        weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype)
         if empty is not None:
             weights = weights.masked_fill(empty, 0.0)
         return F.dropout(weights, p=p, training=p > 0) @ v, weights

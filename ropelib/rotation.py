@@ -10,7 +10,8 @@ layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer
 Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
 The gradient of a rotation is the rotation by the opposite angle, so the backward pass is the
-same kernel with sin negated instead of a chain of autograd nodes.
+same kernel with sin negated instead of a chain of autograd nodes. The arithmetic itself is in
+``ropelib.kernels``.
 """
 
 from __future__ import annotations
@@ -20,39 +21,10 @@ from typing import Literal
 import torch
 
 from ._checks import check_float_tensor, check_int_tensor, check_layout
+from .kernels import _pairs, rotate
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
-
-
-def _pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
-    if layout == "half":
-        h = t.shape[-1] // 2
-        return t[..., :h], t[..., h:]
-    return t[..., 0::2], t[..., 1::2]
-
-
-def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 layout: str) -> None:
-    """out = R x for x, out of shape (..., rotary_dim); cos, sin broadcast to (..., d/2)."""
-    a, b = _pairs(x, layout)
-    out_a, out_b = _pairs(out, layout)
-    torch.mul(a, cos, out=out_a)
-    out_a.addcmul_(b, sin, value=-1)
-    torch.mul(b, cos, out=out_b)
-    out_b.addcmul_(a, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-            rotary_dim: int) -> torch.Tensor:
-    out = torch.empty_like(x)
-    if rotary_dim == x.shape[-1]:
-        _rotate_into(out, x, cos, sin, layout)
-    else:
-        _rotate_into(out[..., :rotary_dim], x[..., :rotary_dim], cos, sin, layout)
-        out[..., rotary_dim:] = x[..., rotary_dim:]
-    return out
 
 
 class _RotaryFunction(torch.autograd.Function):
@@ -62,7 +34,7 @@ class _RotaryFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, layout, rotary_dim):
         ctx.save_for_backward(x, cos, sin)
         ctx.layout, ctx.rotary_dim = layout, rotary_dim
-        return _rotate(x, cos, sin, layout, rotary_dim)
+        return rotate(x, cos, sin, layout, rotary_dim)
 
     @staticmethod
     def backward(ctx, grad):
@@ -130,7 +102,7 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
 def apply_rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: Layout = "interleaved",
     positions: torch.Tensor | None = None, offset: int = 0, rotary_dim: int | None = None,
-    short_table: Literal["raise", "repeat_last"] = "raise",
+    short_table: Literal["raise", "repeat_last"] = "raise", out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate x by R_{Theta,m}, where m is each row's position.
 
@@ -149,9 +121,12 @@ def apply_rope(
         short_table: ``"raise"`` (default): a table shorter than the positions is an error.
             ``"repeat_last"`` reuses the last row for positions past the table, the behaviour
             of the module ropelib grew from; it silently destroys relative positions there.
+        out: optional destination with x's shape, dtype and device, e.g. a buffer you own or
+            ``x`` itself (in place). Not differentiable: use it under ``torch.no_grad()`` or
+            for tensors that do not require grad.
 
     Returns:
-        A new tensor with the shape and dtype of x.
+        A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
     check_float_tensor("x", x)
     if x.ndim < 2:
@@ -175,6 +150,9 @@ def apply_rope(
             f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
         raise ValueError(f"cos/sin must have shape (table_len, {rd // 2}) (rotary_dim // 2 = "
                          f"{rd} // 2), got {tuple(cos.shape)}{hint}")
+    if sin.device != cos.device:
+        raise ValueError(f"cos is on {cos.device} but sin is on {sin.device}; "
+                         f"keep both tables on x's device ({x.device})")
     if cos.device != x.device:
         raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}; "
                          f"move them with cos.to(x.device)")
@@ -199,4 +177,23 @@ def apply_rope(
             raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                              f"are already gathered (shape {tuple(cos.shape)})")
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return _RotaryFunction.apply(x, cos, sin, layout, rd)
+    if out is None:
+        return _RotaryFunction.apply(x, cos, sin, layout, rd)
+    _check_out(out, x, cos, sin)
+    return rotate(x, cos, sin, layout, rd, out=out)
+
+
+def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out must match x: shape {tuple(x.shape)}, dtype {x.dtype}, device "
+                         f"{x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, device "
+                         f"{out.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad
+                                    or out.requires_grad):
+        raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
+                         "torch.no_grad() or drop out= to get gradients")
+    if out.data_ptr() == x.data_ptr() and out.stride() != x.stride():
+        raise ValueError("out shares memory with x but has different strides; pass out=x "
+                         "for an in-place rotation or a separate buffer")

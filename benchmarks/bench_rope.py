@@ -1,0 +1,120 @@
+"""RoPE speed: ropelib against copy baselines and the formulations of other codebases.
+
+    .venv/bin/python benchmarks/bench_rope.py            # CPU (and CUDA when available)
+    .venv/bin/python benchmarks/bench_rope.py --quick    # small shape only, fewer repeats
+
+Everything in one table is measured in one run, round-robin (see ropelib.bench), and printed
+as the median time, the ratio to ``clone`` and to ``copy_`` into a preallocated buffer, and
+the bandwidth of a read plus a write of x.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ropelib import bench
+from ropelib.attention import StandardAttentionWithRoPE
+from ropelib.linear_attention import linear_attention
+from ropelib.timing import fit_power_law
+
+SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def print_table(title: str, medians: dict[str, float], nbytes: int, compile_s: dict | None = None
+                ) -> None:
+    clone, copy = medians["clone"], medians.get("copy_")
+    print(f"\n{title}")
+    print(f"{'formulation':<28}{'median ms':>11}{'/ clone':>9}{'/ copy_':>9}{'GB/s':>8}")
+    for name, seconds in medians.items():
+        vs_copy = f"{seconds / copy:9.2f}" if copy else f"{'':>9}"
+        print(f"{name:<28}{seconds * 1e3:11.3f}{seconds / clone:9.2f}{vs_copy}"
+              f"{nbytes / seconds / 1e9:8.1f}")
+    for name, seconds in (compile_s or {}).items():
+        print(f"  ({name}: first call, including compilation, {seconds:.1f} s)")
+
+
+def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool) -> None:
+    for shape in shapes:
+        for dtype in DTYPES:
+            x = torch.randn(shape, device=device).to(dtype)
+            for layout in ("half", "interleaved"):
+                cases = bench.forward_candidates(x, layout)
+                compile_s = None
+                if compile_peers:
+                    compiled, compile_s = bench.compiled_candidates(x, layout)
+                    cases.update(compiled)
+                medians = bench.time_round_robin(cases, device, repeats=repeats)
+                print_table(f"forward, {layout}, {dtype}, {tuple(shape)}, {device}", medians,
+                            bench.bytes_moved(x), compile_s)
+                medians = bench.time_round_robin(bench.backward_candidates(x, layout), device,
+                                                 repeats=repeats)
+                medians["clone"] = medians.pop("clone fwd+bwd")
+                print_table(f"forward+backward, {layout}, {dtype}, {tuple(shape)}, {device}",
+                            medians, bench.bytes_moved(x))
+
+
+def attention_table(device: torch.device, repeats: int) -> None:
+    """The module's fast path against SDPA on q, k, v that are already projected and rotated."""
+    batch, seq, heads, dim = 2, 1024, 8, 64
+    module = StandardAttentionWithRoPE(heads * dim, heads, bias=False).to(device).eval()
+    x = torch.randn(batch, seq, heads * dim, device=device)
+    q, k, v = (torch.randn(batch, heads, seq, dim, device=device) for _ in range(3))
+
+    def projections_and_sdpa() -> torch.Tensor:
+        module.q_proj(x), module.k_proj(x), module.v_proj(x)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return module.o_proj(out.transpose(1, 2).reshape(batch, seq, heads * dim))
+
+    with torch.no_grad():
+        medians = bench.time_round_robin(
+            {"clone": x.clone, "projections + SDPA": projections_and_sdpa,
+             "StandardAttentionWithRoPE": lambda: module(x, x, x, is_causal=True)},
+            device, repeats=repeats)
+    print_table(f"attention fast path, B={batch} N={seq} H={heads} d={dim}, {device}", medians,
+                bench.bytes_moved(x))
+    ratio = medians["StandardAttentionWithRoPE"] / medians["projections + SDPA"]
+    print(f"  module / (projections + SDPA) = {ratio:.2f}")
+
+
+def linear_attention_scaling(device: torch.device, repeats: int, lengths) -> None:
+    batch, heads, dim = 2, 8, 64
+    for causal in (False, True):
+        medians = []
+        for n in lengths:
+            q, k, v = (torch.randn(batch, heads, n, dim, device=device) for _ in range(3))
+            with torch.no_grad():
+                m = bench.time_round_robin(
+                    {"linear": lambda q=q, k=k, v=v, c=causal: linear_attention(q, k, v, causal=c)},
+                    device, repeats=repeats)
+            medians.append(m["linear"])
+        exponent, _ = fit_power_law(lengths, medians)
+        times = ", ".join(f"N={n}: {t * 1e3:.1f} ms" for n, t in zip(lengths, medians, strict=True))
+        print(f"\nlinear attention ({'causal' if causal else 'non-causal'}), {device}: {times}")
+        print(f"  fitted time exponent in N: {exponent:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shape, fewer repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile'd peers")
+    args = parser.parse_args()
+    repeats = args.repeats or (7 if args.quick else 21)
+    devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
+    if args.device in ("cuda", "all") and torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    shapes = SHAPES[1:] if args.quick else SHAPES
+    lengths = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192, 16384)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    for device in devices:
+        rope_tables(device, shapes, repeats, compile_peers=not args.no_compile)
+        attention_table(device, repeats)
+        linear_attention_scaling(device, max(3, repeats // 3), lengths)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Measuring RoPE's speed: the formulations found in other codebases and an interleaved timer.
+
+RoPE is memory-bound: it reads x and writes a tensor of the same size, exactly what a copy
+does, so every time here is reported as a ratio to a copy measured in the same run
+(``clone``, which allocates its output, and ``copy_`` into a buffer that already exists).
+Candidates are timed round-robin (one call of each in turn, repeated), so a burst of load on
+the machine hits all of them alike, and the median is reported.
+
+The peers are written out here from their published form, each with the tables it uses:
+
+- ``hf_rotate_half`` (Hugging Face Llama, GPT-NeoX; half layout):
+  ``x * cos + rotate_half(x) * sin`` with full-width cos/sin.
+- ``half_split_cat`` (half layout): ``cat([a cos - b sin, b cos + a sin])``.
+- ``meta_complex`` (Meta's Llama; interleaved): complex multiply in float32, cast back.
+- ``roformer_stack`` (RoFormer, GLM; interleaved): ``x * cos + stack(-x_odd, x_even) * sin``
+  with cos/sin repeated per pair.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from .rotation import apply_rope
+from .tables import generate_rope_embeddings
+
+PEERS = {"half": ("hf_rotate_half", "half_split_cat"),
+         "interleaved": ("meta_complex", "roformer_stack")}
+
+
+def hf_rotate_half(x: torch.Tensor, cos_wide: torch.Tensor, sin_wide: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's formula; cos_wide = cat(cos, cos), shape (seq, d)."""
+    h = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return x * cos_wide + rotated * sin_wide
+
+
+def half_split_cat(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The half layout written per pair and concatenated; cos, sin (seq, d/2)."""
+    h = x.shape[-1] // 2
+    a, b = x[..., :h], x[..., h:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+def meta_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Meta's formula: float32 complex multiply by freqs_cis (seq, d/2), cast back."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs_cis).flatten(-2).type_as(x)
+
+
+def roformer_stack(x: torch.Tensor, cos_pairs: torch.Tensor, sin_pairs: torch.Tensor
+                   ) -> torch.Tensor:
+    """RoFormer's formula; cos_pairs = cos repeated per pair, shape (seq, d)."""
+    rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).reshape(x.shape)
+    return x * cos_pairs + rotated * sin_pairs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_round_robin(candidates: dict[str, Callable[[], object]], device: torch.device,
+                     repeats: int = 15, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each candidate, timed in turn ``repeats`` times."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _peers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
+           ) -> dict[str, tuple[Callable[..., torch.Tensor], tuple]]:
+    """The layout's peer formulations with the tables each one uses: name -> (fn, args)."""
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    if layout == "half":
+        cw, sw = torch.cat((c, c), -1), torch.cat((s, s), -1)
+        return {"hf_rotate_half": (hf_rotate_half, (x, cw, sw)),
+                "half_split_cat": (half_split_cat, (x, c, s))}
+    return {"meta_complex": (meta_complex, (x, torch.complex(cos, sin))),
+            "roformer_stack": (roformer_stack, (x, c.repeat_interleave(2, -1),
+                                                s.repeat_interleave(2, -1)))}
+
+
+def _call(fn: Callable[..., torch.Tensor], args: tuple) -> Callable[[], torch.Tensor]:
+    return lambda: fn(*args)
+
+
+def forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
+    """Copy baselines, ropelib's paths and the layout's peers, as closures over x ``(B, H, S, d)``."""
+    cos, sin = generate_rope_embeddings(x.shape[-2], x.shape[-1], device=x.device)
+    buffer, scratch = torch.empty_like(x), x.clone()
+    cases: dict[str, Callable[[], object]] = {
+        "clone": x.clone,
+        "copy_": lambda: buffer.copy_(x),
+        "ropelib": lambda: apply_rope(x, cos, sin, layout=layout),
+        "ropelib out=": lambda: apply_rope(x, cos, sin, layout=layout, out=buffer),
+        "ropelib in place": lambda: apply_rope(scratch, cos, sin, layout=layout, out=scratch),
+    }
+    cases.update({name: _call(fn, args) for name, (fn, args) in _peers(x, cos, sin, layout).items()})
+    return cases
+
+
+def backward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
+    """Forward + backward of clone, ropelib and the layout's peers."""
+    cos, sin = generate_rope_embeddings(x.shape[-2], x.shape[-1], device=x.device)
+    xg = x.detach().clone().requires_grad_(True)
+    grad = torch.randn_like(x)
+    forward = {"clone": xg.clone, "ropelib": lambda: apply_rope(xg, cos, sin, layout=layout)}
+    forward.update({name: _call(fn, args) for name, (fn, args) in _peers(xg, cos, sin, layout).items()})
+
+    def step(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            fn().backward(grad)
+            xg.grad = None
+        return run
+
+    return {f"{name} fwd+bwd": step(fn) for name, fn in forward.items()}
+
+
+def compiled_candidates(x: torch.Tensor, layout: str
+                        ) -> tuple[dict[str, Callable[[], object]], dict[str, float]]:
+    """torch.compile'd peers (not Meta's: complex ops are not code-generated) and the seconds
+    their first call took (compilation)."""
+    cos, sin = generate_rope_embeddings(x.shape[-2], x.shape[-1], device=x.device)
+    cases, compile_seconds = {}, {}
+    for name, (fn, args) in _peers(x, cos, sin, layout).items():
+        if name == "meta_complex":
+            continue
+        compiled = torch.compile(fn, dynamic=False)
+        start = time.perf_counter()
+        compiled(*args)
+        compile_seconds[f"compiled {name}"] = time.perf_counter() - start
+        cases[f"compiled {name}"] = _call(compiled, args)
+    return cases, compile_seconds
+
+
+def bytes_moved(x: torch.Tensor) -> int:
+    """Bytes a copy of x moves: read once, written once."""
+    return 2 * x.numel() * x.element_size()
