@@ -16,13 +16,13 @@ venv: $(STAMP)
 
 book: venv
 	rm -rf _build/html _build/.jupyter_cache _build/jupyter_execute
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	timeout 1800 $(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
 lint: venv
 	$(BIN)/ruff check .
 
-test: venv
+test: book
 	bash tests/run_all.sh
 
 lab: venv

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import check_float_tensor
 from .rotation import Layout, apply_rope
@@ -28,8 +27,12 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1, positive everywhere (Katharopoulos et al.)."""
-    return F.elu(x) + 1.0
+    """phi(x) = elu(x) + 1 (Katharopoulos et al.): x + 1 for x > 0, exp(x) otherwise.
+
+    Written as exp(x) on the negative side because ``F.elu(x) + 1`` rounds to exactly 0 in
+    float32 below x of about -17, which would make the denominator 0.
+    """
+    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp_max(0.0)))
 
 
 _FEATURE_MAPS: dict[str, FeatureMap] = {"elu+1": elu_plus_one}
@@ -48,7 +51,7 @@ def _causal_chunked(num_q, num_k, den_q, den_k, v, chunk_size):
         dq, dk = den_q[..., start:end, :], den_k[..., start:end, :]
         numerator = (nq @ nk.transpose(-2, -1)).masked_fill(~keep, 0.0) @ vc + nq @ state
         denominator = ((dq @ dk.transpose(-2, -1)).masked_fill(~keep, 0.0).sum(-1)
-                       + dq @ norm)
+                       + (dq @ norm.unsqueeze(-1)).squeeze(-1))
         outs.append(numerator / denominator.unsqueeze(-1))
         state = state + nk.transpose(-2, -1) @ vc
         norm = norm + dk.sum(-2)

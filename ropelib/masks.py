@@ -65,6 +65,8 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
                              f"(batch, heads, q_len, k_len) = {shape}")
         if attn_mask.device != device:
             raise ValueError(f"attn_mask is on {attn_mask.device} but the inputs are on {device}")
+        # 4-D from here on: scaled_dot_product_attention rejects a 1-D (k_len,) mask
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
         if attn_mask.is_floating_point():
             if torch.isnan(attn_mask).any():
                 raise ValueError(NAN_MASK_HELP)

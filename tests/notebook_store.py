@@ -30,6 +30,7 @@ def store(path: Path) -> None:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
+        cell.metadata.pop("execution", None)
         if not is_checked(cell):
             cell.outputs = []
             cell.execution_count = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import ipywidgets as widgets
@@ -21,6 +22,7 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, fixed: dict | N
     The result is a play/step/scrub control that needs no kernel and no network, so it is the
     static book's stand-in for a live slider over the same parameter.
     """
+    values = list(values)
     if not values:
         raise ValueError(f"values must be a non-empty sequence for {param!r}, got {values!r}")
     fixed = dict(fixed or {})
@@ -34,7 +36,22 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, fixed: dict | N
     animation = FuncAnimation(fig, frame, frames=len(values), interval=interval_ms, blit=False)
     html = animation.to_jshtml(default_mode="once")
     plt.close(fig)
-    return HTML(html)
+    return HTML(offline_controls(html))
+
+
+_ICONS = {"fa fa-minus": "\u2212", "fa fa-fast-backward": "\u23ee", "fa fa-step-backward": "\u25c0",
+          "fa fa-play fa-flip-horizontal": "\u25c1", "fa fa-pause": "\u275a\u275a",
+          "fa fa-play": "\u25b7", "fa fa-step-forward": "\u25b6", "fa fa-fast-forward": "\u23ed",
+          "fa fa-plus": "+"}
+
+
+def offline_controls(html: str) -> str:
+    """matplotlib's jshtml with its Font Awesome stylesheet (a CDN link) removed and each
+    icon replaced by a Unicode symbol, so the controls show with no network."""
+    html = re.sub(r'<link[^>]*font-awesome[^>]*>', "", html)
+    for css_class, symbol in _ICONS.items():
+        html = html.replace(f'<i class="{css_class}"></i>', symbol)
+    return html
 
 
 def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),

@@ -1,0 +1,57 @@
+"""ropelib.viz.sliders: the live slider and its offline equivalent."""
+
+import re
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+from ropelib.viz.sliders import live_slider, scrubber  # noqa: E402
+
+
+def draw_line(fig, slope, offset=0.0):
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [offset, offset + slope])
+    ax.set_title(f"slope {slope}")
+
+
+def test_scrubber_embeds_one_frame_per_value_and_needs_no_network():
+    html = scrubber(draw_line, "slope", np.array([0.5, 1.0, 2.0]), fixed={"offset": 1.0}).data
+    frames = re.findall(r'"data:image/png;base64,', html)
+    assert len(frames) == 3
+    assert not re.search(r"https?://", html)
+    assert "fa fa-" not in html and 'title="Next frame"' in html
+
+
+def test_scrubber_frames_differ_with_the_parameter():
+    html = scrubber(draw_line, "slope", [0.0, 3.0]).data
+    first, second = re.findall(r'data:image/png;base64,([^"]+)"', html)
+    assert first != second
+
+
+def test_scrubber_rejects_no_values():
+    with pytest.raises(ValueError, match="values must be a non-empty sequence for 'slope'"):
+        scrubber(draw_line, "slope", [])
+
+
+def test_live_slider_builds_sliders_and_redraws():
+    calls = []
+
+    def draw(fig, slope, offset):
+        calls.append((slope, offset))
+        draw_line(fig, slope, offset)
+
+    widget = live_slider(draw, slope=(0.0, 2.0, 0.5, 1.0), offset=(0, 4, 1, 2))
+    sliders = widget.children[0].children
+    assert [s.description for s in sliders] == ["slope", "offset"]
+    assert type(sliders[1]).__name__ == "IntSlider" and type(sliders[0]).__name__ == "FloatSlider"
+    assert calls == [(1.0, 2)]
+    sliders[0].value = 1.5
+    assert calls[-1] == (1.5, 2)
+
+
+def test_live_slider_rejects_a_bad_spec():
+    with pytest.raises(ValueError, match="slider 'slope' must be"):
+        live_slider(draw_line, slope=(0.0, 1.0))
