@@ -18,6 +18,7 @@ The peers are written out here from their published form, each with the tables i
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -64,21 +65,34 @@ def _sync(device: torch.device) -> None:
 
 
 def time_round_robin(candidates: dict[str, Callable[[], object]], device: torch.device,
-                     repeats: int = 15, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each candidate, timed in turn ``repeats`` times."""
+                     repeats: int = 15, warmup: int = 2, min_sample_s: float = 2e-3
+                     ) -> dict[str, float]:
+    """Median seconds per call of each candidate, timed in turn ``repeats`` times.
+
+    A sample times ``number`` consecutive calls, ``number`` chosen per candidate (after the
+    warm-up) so that a sample lasts at least ``min_sample_s``: tiny calls are not drowned in
+    the timer's own overhead.
+    """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    for fn in candidates.values():
+    numbers = {}
+    for name, fn in candidates.items():
         for _ in range(warmup):
             fn()
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        numbers[name] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, fn in candidates.items():
             _sync(device)
             start = time.perf_counter()
-            fn()
+            for _ in range(numbers[name]):
+                fn()
             _sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append((time.perf_counter() - start) / numbers[name])
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

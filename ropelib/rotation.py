@@ -20,21 +20,23 @@ from typing import Literal
 
 import torch
 
+from . import kernels
 from ._checks import check_float_tensor, check_int_tensor, check_layout
-from .kernels import _pairs, rotate
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
 
 
 class _RotaryFunction(torch.autograd.Function):
-    """y = R_Theta x with the backward g -> R_Theta^T g (and the grads of cos and sin)."""
+    """y = R_Theta x with the backward g -> R_Theta^T g = R_{-Theta} g (and the grads of cos
+    and sin when they require them). ``cos``, ``sin``: the selected rows; ``tables``: the
+    same rows prepared for ``path``."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, layout, rotary_dim):
+    def forward(ctx, x, cos, sin, layout, rotary_dim, path, tables):
         ctx.save_for_backward(x, cos, sin)
-        ctx.layout, ctx.rotary_dim = layout, rotary_dim
-        return rotate(x, cos, sin, layout, rotary_dim)
+        ctx.layout, ctx.rotary_dim, ctx.path, ctx.tables = layout, rotary_dim, path, tables
+        return kernels.rotate(x, tables, path, layout, rotary_dim)
 
     @staticmethod
     def backward(ctx, grad):
@@ -42,13 +44,37 @@ class _RotaryFunction(torch.autograd.Function):
         layout, rd = ctx.layout, ctx.rotary_dim
         grad_x = grad_cos = grad_sin = None
         if ctx.needs_input_grad[0]:
-            grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd)
+            path = kernels.choose_path(grad, None, layout, rd)
+            tables = (kernels.inverse_tables(ctx.tables, path) if path == ctx.path
+                      else kernels.prepare_tables(cos, -sin, path, grad.dtype, layout))
+            grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd, path, tables)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            a, b = _pairs(x[..., :rd], layout)
-            ga, gb = _pairs(grad[..., :rd], layout)
+            a, b = kernels.pairs(x[..., :rd], layout)
+            ga, gb = kernels.pairs(grad[..., :rd], layout)
             grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
             grad_sin = (gb * a - ga * b).sum_to_size(sin.shape)
-        return grad_x, grad_cos, grad_sin, None, None
+        return grad_x, grad_cos, grad_sin, None, None, None, None
+
+
+def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str
+              ) -> tuple[torch.Tensor, ...]:
+    """``kernels.prepare_tables`` for a whole 2-D table, memoized on the table itself.
+
+    The cache lives in an attribute of ``cos`` (so it dies with the table), remembers which
+    ``sin`` it was built with, and is dropped when either table is modified in place
+    (tensor version counters). Tables that require grad are never cached.
+    """
+    if cos.requires_grad or sin.requires_grad:
+        return kernels.prepare_tables(cos, sin, path, dtype, layout)
+    versions = (cos._version, sin._version)
+    cache = getattr(cos, "_ropelib_prepared", None)
+    if cache is None or cache[0] is not sin or cache[1] != versions:
+        cache = (sin, versions, {})
+        cos._ropelib_prepared = cache
+    key = (path, dtype, layout)
+    if key not in cache[2]:
+        cache[2][key] = kernels.prepare_tables(cos, sin, path, dtype, layout)
+    return cache[2][key]
 
 
 def _select_rows(table: torch.Tensor, name: str, x: torch.Tensor, positions, offset: int,
@@ -158,11 +184,17 @@ def apply_rope(
                          f"move them with cos.to(x.device)")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    if out is not None:
+        _check_out(out, x, cos, sin)
+    path = kernels.choose_path(x, out, layout, rd)
     if cos.ndim == 2:
         if positions is not None:
             _check_positions(positions, x, offset, cos.shape[0], short_table)
+        tables = _prepared(cos, sin, path, x.dtype, layout)
         cos = _select_rows(cos, "cos", x, positions, offset, short_table)
         sin = _select_rows(sin, "sin", x, positions, offset, short_table)
+        tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table)
+                       for t in tables)
     else:
         expected = x.shape[:-1] + (rd // 2,)
         try:
@@ -176,11 +208,12 @@ def apply_rope(
         if positions is not None or offset:
             raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                              f"are already gathered (shape {tuple(cos.shape)})")
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        tables = kernels.prepare_tables(cos, sin, path, x.dtype, layout)
     if out is None:
-        return _RotaryFunction.apply(x, cos, sin, layout, rd)
-    _check_out(out, x, cos, sin)
-    return rotate(x, cos, sin, layout, rd, out=out)
+        if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+            return _RotaryFunction.apply(x, cos, sin, layout, rd, path, tables)
+        return kernels.rotate(x, tables, path, layout, rd)
+    return kernels.rotate(x, tables, path, layout, rd, out=out)
 
 
 def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -322,12 +322,11 @@ def test_gradient_is_the_inverse_rotation():
 
 # --------------------------------------------------------------------------- fast paths
 
-# Shapes large enough for the CPU kernel to work block by block (> 512 KiB): many sequences
-# per block, several blocks per sequence (with a partial last block), partial rotation.
+# Shapes of a few MiB: many sequences, long sequences, bfloat16, partial rotation.
 BIG_CASES = {
-    "many_rows_per_block": ((2, 64, 64, 64), torch.float32, None, 0),
-    "rows_split_across_blocks": ((1, 1, 2048, 128), torch.float32, None, 100),
-    "bf16_partial_last_block": ((1, 2, 1100, 128), torch.bfloat16, None, 7),
+    "many_sequences": ((2, 64, 64, 64), torch.float32, None, 0),
+    "long_sequence": ((1, 1, 2048, 128), torch.float32, None, 100),
+    "bf16": ((1, 2, 1100, 128), torch.bfloat16, None, 7),
     "partial_rotary": ((1, 2, 1100, 128), torch.float32, 64, 3),
 }
 
@@ -400,3 +399,23 @@ def test_backward_with_an_expanded_gradient(layout):
     expected = torch.stack([rotation_matrix(ref[m], 6, layout).T @ torch.ones(6, dtype=F64)
                             for m in range(4)])
     torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_memoized_tables_follow_the_tables(layout, dtype):
+    """apply_rope memoizes prepared tables on cos: editing a table in place, or pairing cos
+    with another sin, must give the same result as fresh tables."""
+    x = torch.randn(2, 3, 8, 16).to(dtype)
+    cos, sin = generate_rope_embeddings(8, 16)
+    apply_rope(x, cos, sin, layout=layout)
+    new_cos, new_sin = generate_rope_embeddings(8, 16, base=500.0)
+    cos.copy_(new_cos)
+    sin.copy_(new_sin)
+    expected = apply_rope(x, new_cos.clone(), new_sin.clone(), layout=layout)
+    torch.testing.assert_close(apply_rope(x, cos, sin, layout=layout), expected, rtol=0, atol=0)
+    other_sin = -sin
+    expected = apply_rope(x, cos.clone(), other_sin.clone(), layout=layout)
+    torch.testing.assert_close(apply_rope(x, cos, other_sin, layout=layout), expected,
+                               rtol=0, atol=0)
+    assert not torch.equal(expected, apply_rope(x, cos, sin, layout=layout))
