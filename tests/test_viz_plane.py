@@ -127,10 +127,11 @@ def test_dot_is_fixed_along_a_fixed_gap():
 def test_scrubber_renders_every_frame():
     values = [3, 4, 5, 6]
     html = scrubber(lambda fig, m: draw_rotation_plane(fig, 0.5, m, m - 3), "m", values,
-                    figsize=(4.0, 2.0)).data
+                    alt="q and k turning together", figsize=(4.0, 2.0)).data
     assert html.count("data:image/png;base64") == len(values)
     html = scrubber(partial(draw_rotation_plane, q=(1.0, 0.0), k=(0.0, 1.0)), "theta",
-                    [0.0, 1.0, 2.0], fixed={"m": 2, "n": 1}, figsize=(4.0, 2.0)).data
+                    [0.0, 1.0, 2.0], fixed={"m": 2, "n": 1}, alt="theta sweeps",
+                    figsize=(4.0, 2.0)).data
     assert html.count("data:image/png;base64") == 3
 
 

@@ -18,22 +18,29 @@ def draw_line(fig, slope, offset=0.0):
 
 
 def test_scrubber_embeds_one_frame_per_value_and_needs_no_network():
-    html = scrubber(draw_line, "slope", np.array([0.5, 1.0, 2.0]), fixed={"offset": 1.0}).data
+    html = scrubber(draw_line, "slope", np.array([0.5, 1.0, 2.0]), fixed={"offset": 1.0},
+                    alt='A line whose slope grows from 0.5 to 2 & "more"').data
     frames = re.findall(r'"data:image/png;base64,', html)
     assert len(frames) == 3
+    assert 'alt="A line whose slope grows from 0.5 to 2 &amp; &quot;more&quot;"' in html
     assert not re.search(r"https?://", html)
     assert "fa fa-" not in html and 'title="Next frame"' in html
 
 
 def test_scrubber_frames_differ_with_the_parameter():
-    html = scrubber(draw_line, "slope", [0.0, 3.0]).data
+    html = scrubber(draw_line, "slope", [0.0, 3.0], alt="two lines").data
     first, second = re.findall(r'data:image/png;base64,([^"]+)"', html)
     assert first != second
 
 
 def test_scrubber_rejects_no_values():
     with pytest.raises(ValueError, match="values must be a non-empty sequence for 'slope'"):
-        scrubber(draw_line, "slope", [])
+        scrubber(draw_line, "slope", [], alt="nothing")
+
+
+def test_scrubber_requires_alt_text():
+    with pytest.raises(ValueError, match="alt must be a non-empty description"):
+        scrubber(draw_line, "slope", [1.0], alt=" ")
 
 
 def test_live_slider_builds_sliders_and_redraws():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from html import escape
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -14,14 +15,17 @@ from matplotlib.figure import Figure
 Draw = Callable[..., None]
 
 
-def scrubber(draw: Draw, param: str, values: Sequence[float], *, fixed: dict | None = None,
-             figsize: tuple[float, float] = (6.0, 4.0), dpi: int = 72,
-             interval_ms: int = 500) -> HTML:
+def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
+             fixed: dict | None = None, figsize: tuple[float, float] = (6.0, 4.0),
+             dpi: int = 72, interval_ms: int = 500) -> HTML:
     """A self-contained HTML animation of ``draw(fig, **fixed, param=value)`` over ``values``.
 
     The result is a play/step/scrub control that needs no kernel and no network, so it is the
-    static book's stand-in for a live slider over the same parameter.
+    static book's stand-in for a live slider over the same parameter. ``alt`` describes the
+    animation for readers who cannot see it (the frames' alt text).
     """
+    if not isinstance(alt, str) or not alt.strip():
+        raise ValueError(f"alt must be a non-empty description of the animation, got {alt!r}")
     values = list(values)
     if not values:
         raise ValueError(f"values must be a non-empty sequence for {param!r}, got {values!r}")
@@ -36,7 +40,8 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, fixed: dict | N
     animation = FuncAnimation(fig, frame, frames=len(values), interval=interval_ms, blit=False)
     html = animation.to_jshtml(default_mode="once")
     plt.close(fig)
-    return HTML(offline_controls(html))
+    return HTML(offline_controls(html).replace('<img id="_anim_img',
+                                               f'<img alt="{escape(alt)}" id="_anim_img', 1))
 
 
 _ICONS = {"fa fa-minus": "\u2212", "fa fa-fast-backward": "\u23ee", "fa fa-step-backward": "\u25c0",
