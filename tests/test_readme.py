@@ -1,0 +1,19 @@
+"""The README's Python examples run verbatim, in order, in one namespace."""
+
+import re
+from pathlib import Path
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_readme_python_blocks_run(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert len(blocks) >= 2, "the README lost its quick start"
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+    printed = capsys.readouterr().out
+    assert "torch.Size([2, 256, 512]) torch.Size([2, 8, 256, 256])" in printed
+    out, pad_mask = namespace["out"], namespace["pad_mask"]
+    assert out.shape == (2, 256, 512) and not out.isnan().any()
+    assert not pad_mask[1, -10:].any() and namespace["causal"].shape == (2, 256, 512)
