@@ -1,0 +1,261 @@
+"""Chapter 11's speed figures and table, and the memory traffic behind them.
+
+RoPE is memory-bound, so the chapter explains times by bytes: ``memory_traffic`` runs a
+function under a PyTorch dispatch mode and adds up, for every ATen operator it executes, the
+bytes the operator reads and writes (views move nothing). ``draw_roofline`` draws the roofline
+model (attainable flop rate against arithmetic intensity), ``draw_speed_bars`` the measured
+time of each formulation relative to a copy, and ``speed_table_html`` renders measured medians
+as an HTML table (no pandas) with ratios to ``clone`` and to ``copy_`` and the bandwidth.
+Times are measured elsewhere (``ropelib.bench.time_round_robin``); these functions only count,
+draw and format.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["Traffic", "draw_roofline", "draw_speed_bars", "memory_traffic", "speed_table_html"]
+
+# Operators that create a tensor without reading any data (their tensor argument, if any,
+# only gives a shape) and operators that overwrite their first argument without reading it.
+_NO_READ = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+_OVERWRITE_SELF = ("copy_", "fill_", "zero_")
+
+
+@dataclass
+class Traffic:
+    """Bytes read and written by the operators one call executed, in call order."""
+
+    ops: list[tuple[str, int, int]] = field(default_factory=list)  # (operator, read, written)
+
+    @property
+    def read(self) -> int:
+        return sum(r for _, r, _ in self.ops)
+
+    @property
+    def written(self) -> int:
+        return sum(w for _, _, w in self.ops)
+
+    @property
+    def total(self) -> int:
+        return self.read + self.written
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.ops]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _TrafficMode(TorchDispatchMode):
+    def __init__(self, traffic: Traffic) -> None:
+        super().__init__()
+        self.traffic = traffic
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func.is_view:
+            return result
+        schema = func._schema
+        base = schema.name.split("::")[-1]
+        if base in _NO_READ:
+            return result
+        inputs = [t for t in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))[0]
+                  if isinstance(t, torch.Tensor)]
+        if base in _OVERWRITE_SELF:
+            inputs = inputs[1:]
+        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        self.traffic.ops.append((name, sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs))))
+        return result
+
+
+def memory_traffic(fn: Callable[[], object]) -> Traffic:
+    """Run ``fn()`` once and count the bytes each ATen operator reads and writes.
+
+    The model is the one of an eager program that keeps nothing in cache between operators:
+    an operator reads every tensor argument once (all its elements, ``numel * element_size``
+    bytes; a table broadcast against x counts once) and writes every result once. Views
+    (slicing, ``view_as_complex``, reshapes that do not copy) move nothing; an operator that
+    writes into a given tensor (``mul_``, ``addcmul_``, ``mul(..., out=...)``) reads its
+    inputs, including the tensor it updates, and writes that tensor; ``copy_`` reads only its
+    source; ``empty_like`` and its kin move nothing. Strided views are counted by their
+    elements, although the memory system moves whole cache lines.
+
+    Returns:
+        A ``Traffic`` with one ``(operator, bytes read, bytes written)`` entry per operator.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
+    traffic = Traffic()
+    with _TrafficMode(traffic):
+        fn()
+    return traffic
+
+
+def _check_medians(name: str, medians: Mapping[str, float], *required: str) -> None:
+    if not medians:
+        raise ValueError(f"{name} must hold at least one time, got an empty mapping")
+    for key in required:
+        if key not in medians:
+            raise ValueError(f"{name} has no entry {key!r} (the baseline the ratios divide by); "
+                             f"entries: {sorted(medians)}")
+    for key, value in medians.items():
+        if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+            raise ValueError(f"{name}[{key!r}] must be a positive number of seconds, got {value!r}")
+
+
+def _colour(label: str, baselines: Sequence[str], highlight: str) -> str:
+    if label in baselines:
+        return "0.65"
+    return "C0" if label.startswith(highlight) else "C1"
+
+
+def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "copy_",
+                    baselines: Sequence[str] = ("clone", "copy_"), highlight: str = "ropelib",
+                    title: str | None = None, xmax: float | None = None,
+                    annotate: bool = True) -> dict[str, float]:
+    """Horizontal bars of each formulation's time divided by the baseline's, on a log axis.
+
+    Bars are drawn top to bottom in the order given; the baselines are grey, names starting
+    with ``highlight`` blue and the rest (the peers) orange. A dotted line marks ratio 1, and
+    each bar is labelled with its ratio when ``annotate``.
+
+    Args:
+        ax: the Axes to draw on.
+        medians: ``{formulation: seconds}`` measured in one run; must contain ``baseline``.
+        baseline: the entry every time is divided by.
+        baselines: entries drawn in grey.
+        highlight: prefix of the entries drawn in blue.
+        title: the Axes title.
+        xmax: right end of the x axis (e.g. the same for every panel); default from the data.
+        annotate: write each ratio at the end of its bar.
+
+    Returns:
+        ``{formulation: time / baseline time}``, in the order given.
+    """
+    _check_medians("medians", medians, baseline)
+    ratios = {label: medians[label] / medians[baseline] for label in medians}
+    labels = list(ratios)
+    y = np.arange(len(labels))
+    ax.barh(y, list(ratios.values()), color=[_colour(lb, baselines, highlight) for lb in labels],
+            height=0.7)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="0.3", linestyle=":", linewidth=1)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    low = min(0.5, 0.8 * min(ratios.values()))
+    high = xmax if xmax is not None else 2.5 * max(ratios.values())
+    ax.set_xlim(low, high)
+    if annotate:
+        for yi, value in zip(y, ratios.values(), strict=True):
+            ax.annotate(f"{value:.1f}", (value, yi), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize="x-small")
+    ax.set_xlabel(f"time / time of {baseline}")
+    ax.grid(True, axis="x", which="both", alpha=0.25)
+    if title is not None:
+        ax.set_title(title, fontsize="medium")
+    return ratios
+
+
+def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
+                  points: Mapping[str, tuple[float, float]], *,
+                  intensity_range: tuple[float, float] = (1 / 16, 256.0)) -> float:
+    """The roofline model: attainable flop rate min(peak, intensity * bandwidth), log-log.
+
+    Args:
+        ax: the Axes to draw on.
+        peak_flops: the compute roof, in flop/s (e.g. measured with a matrix product).
+        bandwidth: the memory roof's slope, in bytes/s (e.g. measured with a copy).
+        points: ``{label: (arithmetic intensity in flop/byte, achieved flop/s)}``.
+        intensity_range: the x range, in flop/byte.
+
+    Returns:
+        The machine balance ``peak_flops / bandwidth`` (flop/byte), the intensity where the
+        two roofs meet; it is marked with a dotted line.
+    """
+    if not (peak_flops > 0 and bandwidth > 0):
+        raise ValueError(f"peak_flops and bandwidth must be > 0, got {peak_flops}, {bandwidth}")
+    lo, hi = intensity_range
+    if not 0 < lo < hi:
+        raise ValueError(f"intensity_range must be (low, high) with 0 < low < high, got {intensity_range}")
+    balance = peak_flops / bandwidth
+    intensity = np.geomspace(lo, hi, 200)
+    ax.plot(intensity, np.minimum(peak_flops, intensity * bandwidth) / 1e9, color="0.2",
+            label=f"roofline: {bandwidth / 1e9:.0f} GB/s, {peak_flops / 1e9:.0f} GFLOP/s")
+    ax.axvline(balance, color="0.5", linestyle=":", linewidth=1)
+    ax.annotate(f"machine balance\n{balance:.1f} flop/byte", (balance, peak_flops / 1e9),
+                xytext=(4, -28), textcoords="offset points", fontsize="small", color="0.35")
+    markers = ("o", "s", "^", "D", "v", "P")
+    for i, (label, (x, flops)) in enumerate(points.items()):
+        if not (x > 0 and flops > 0):
+            raise ValueError(f"points[{label!r}] must be (intensity > 0, flop/s > 0), got {(x, flops)}")
+        ax.plot([x], [flops / 1e9], markers[i % len(markers)], markersize=7, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (flop / byte)")
+    ax.set_ylabel("GFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right")
+    return balance
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mapping[str, int], *,
+                     traffic: Mapping[str, Mapping[str, float]] | None = None,
+                     clone: str = "clone", copy: str = "copy_") -> str:
+    """An HTML table of measured medians: one header row per section, one row per entry.
+
+    Columns: the formulation, its memory traffic in units of a copy's (when ``traffic`` has
+    the section), the median in microseconds, the ratio to ``clone`` and to ``copy`` (blank
+    when the section has no such entry), and the effective bandwidth ``nbytes / median``
+    (the bytes a copy moves, divided by the time: what the formulation achieves as if it
+    moved only those).
+
+    Args:
+        sections: ``{title: {formulation: median seconds}}``; every section needs ``clone``.
+        nbytes: ``{title: bytes a copy of that section's x moves}``.
+        traffic: optional ``{title: {formulation: traffic / a copy's traffic}}``.
+        clone, copy: the names of the two baselines.
+    """
+    if not sections:
+        raise ValueError("sections must hold at least one section, got an empty mapping")
+    traffic = traffic or {}
+    head = ["formulation", "traffic / copy", "median (µs)", "/ clone", "/ copy_", "GB/s"]
+    rows = ["<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead>",
+            "<tbody>"]
+    for title, medians in sections.items():
+        _check_medians(f"sections[{title!r}]", medians, clone)
+        if title not in nbytes or nbytes[title] <= 0:
+            raise ValueError(f"nbytes must give a positive byte count for section {title!r}")
+        rows.append(f'<tr><th colspan="{len(head)}" style="text-align:left">'
+                    f"{html.escape(title)}</th></tr>")
+        copy_time = medians.get(copy)
+        for name, seconds in medians.items():
+            cells = [
+                html.escape(name),
+                _fmt(traffic.get(title, {}).get(name), ".2f"),
+                f"{seconds * 1e6:,.0f}",
+                f"{seconds / medians[clone]:.2f}",
+                _fmt(seconds / copy_time if copy_time else None, ".2f"),
+                f"{nbytes[title] / seconds / 1e9:.1f}",
+            ]
+            style = ' style="font-weight:bold"' if name.startswith("ropelib") else ""
+            rows.append(f"<tr{style}><td>" + "</td><td>".join(cells) + "</td></tr>")
+    rows.append("</tbody>")
+    return ('<table class="ropelib-speed" style="font-variant-numeric: tabular-nums">'
+            + "".join(rows) + "</table>")
