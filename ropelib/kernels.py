@@ -35,12 +35,14 @@ def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _complex_viewable(t: torch.Tensor) -> bool:
+    if t.is_contiguous():
+        return t.storage_offset() % 2 == 0
     return (t.stride(-1) == 1 and t.storage_offset() % 2 == 0
             and all(s % 2 == 0 for s in t.stride()[:-1]))
 
 
 def _as_complex(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_complex(t.unflatten(-1, (t.shape[-1] // 2, 2)))
+    return torch.view_as_complex(t.view(*t.shape[:-1], t.shape[-1] // 2, 2))
 
 
 def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:

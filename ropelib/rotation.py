@@ -187,14 +187,16 @@ def apply_rope(
     if out is not None:
         _check_out(out, x, cos, sin)
     path = kernels.choose_path(x, out, layout, rd)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
+                                              or sin.requires_grad)
     if cos.ndim == 2:
         if positions is not None:
             _check_positions(positions, x, offset, cos.shape[0], short_table)
-        tables = _prepared(cos, sin, path, x.dtype, layout)
-        cos = _select_rows(cos, "cos", x, positions, offset, short_table)
-        sin = _select_rows(sin, "sin", x, positions, offset, short_table)
         tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table)
-                       for t in tables)
+                       for t in _prepared(cos, sin, path, x.dtype, layout))
+        if needs_grad:
+            cos = _select_rows(cos, "cos", x, positions, offset, short_table)
+            sin = _select_rows(sin, "sin", x, positions, offset, short_table)
     else:
         expected = x.shape[:-1] + (rd // 2,)
         try:
@@ -210,7 +212,7 @@ def apply_rope(
                              f"are already gathered (shape {tuple(cos.shape)})")
         tables = kernels.prepare_tables(cos, sin, path, x.dtype, layout)
     if out is None:
-        if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        if needs_grad:
             return _RotaryFunction.apply(x, cos, sin, layout, rd, path, tables)
         return kernels.rotate(x, tables, path, layout, rd)
     return kernels.rotate(x, tables, path, layout, rd, out=out)
