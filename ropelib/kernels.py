@@ -100,9 +100,11 @@ def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], path: str, layout:
     in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if rotary_dim < x.shape[-1] and not in_place:
-        out[..., rotary_dim:].copy_(x[..., rotary_dim:])
-    xr, outr = x[..., :rotary_dim], out[..., :rotary_dim]
+    xr, outr = x, out
+    if rotary_dim < x.shape[-1]:
+        if not in_place:
+            out[..., rotary_dim:].copy_(x[..., rotary_dim:])
+        xr, outr = x[..., :rotary_dim], out[..., :rotary_dim]
     if path == "complex":
         torch.mul(_as_complex(xr), tables[0], out=_as_complex(outr))
         return out
