@@ -120,7 +120,6 @@ class RotaryEmbedding(nn.Module):
                              f"got {max_position_embeddings!r}")
         self.dim, self.base, self.scaling = dim, float(base), scaling
         self.dynamic = rope_type(scaling) == "dynamic"
-        self.attention_factor = scaled_frequencies(dim, base, scaling)[1]
         self.register_buffer("inv_freq", rope_frequencies(dim, base, scaling=scaling,
                                                           device=device), persistent=False)
         empty = torch.empty(0, dim // 2, device=device)
