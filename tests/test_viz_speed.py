@@ -1,14 +1,20 @@
 """ropelib.viz.speed: byte counting, the speed bars, the roofline and the table."""
 
+import re
+
 import matplotlib
+import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ropelib.viz.speed import (  # noqa: E402
+    Traffic,
     draw_roofline,
     draw_speed_bars,
     memory_traffic,
@@ -75,3 +81,186 @@ def test_speed_table_has_one_row_per_entry_with_ratios():
     assert "<td>ropelib</td><td>2.50</td><td>3,000</td><td>1.50</td><td>3.00</td><td>1.3</td>" in table
     with pytest.raises(ValueError, match="has no entry 'clone'"):
         speed_table_html({"fp32": {"copy_": 1e-3}}, {"fp32": 8})
+
+
+# ---- more cases: operator kinds, colours and labels, exact roofs, table cells ----------------
+
+def agg_axes():
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+# ---- memory_traffic -------------------------------------------------------------------------
+
+def test_views_and_allocations_move_nothing():
+    x = torch.randn(8, 16)
+    traffic = memory_traffic(lambda: (x[:, ::2], x.view(16, 8), x.t(), torch.empty_like(x),
+                                      torch.view_as_complex(x.view(8, 8, 2))))
+    assert traffic.ops == []
+    assert traffic.total == 0
+
+
+def test_functional_in_place_and_out_variants():
+    x, y = torch.randn(10, 6), torch.randn(6)           # y broadcasts: counted once
+    out = torch.empty(10, 6)
+    e = 4
+    assert memory_traffic(lambda: x * y).total == e * (60 + 6 + 60)
+    assert memory_traffic(lambda: torch.mul(x, y, out=out)).total == e * (60 + 6 + 60)
+    z = x.clone()
+    traffic = memory_traffic(lambda: z.mul_(y))           # reads z and y, writes z
+    assert (traffic.read, traffic.written) == (e * 66, e * 60)
+    traffic = memory_traffic(lambda: z.addcmul_(x, y, value=-1))
+    assert (traffic.read, traffic.written) == (e * (60 + 60 + 6), e * 60)
+    assert memory_traffic(lambda: z.fill_(1.0)).read == 0
+    assert memory_traffic(lambda: z.zero_()).read == 0
+
+
+def test_dtype_conversions_and_lists_of_tensors():
+    x = torch.randn(32, dtype=torch.bfloat16)
+    assert memory_traffic(lambda: x.float()).total == 32 * 2 + 32 * 4
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    traffic = memory_traffic(lambda: torch.cat((a, b), -1))
+    assert (traffic.read, traffic.written) == (96, 96)
+    assert traffic.names == ["aten::cat"]
+
+
+def test_the_rotate_half_formula_counts_five_copies_plus_tables():
+    from ropelib import bench
+    x = torch.randn(2, 3, 16, 8)
+    c, s = torch.randn(16, 8), torch.randn(16, 8)
+    traffic = memory_traffic(lambda: bench.hf_rotate_half(x, c, s))
+    n = x.numel()
+    assert traffic.names == ["aten::neg", "aten::cat", "aten::mul.Tensor", "aten::mul.Tensor",
+                             "aten::add.Tensor"]
+    assert traffic.total == 4 * (10 * n + 2 * c.numel())
+
+
+def test_memory_traffic_runs_the_function_once():
+    calls = []
+    memory_traffic(lambda: calls.append(1))
+    assert calls == [1]
+
+
+def test_traffic_sums():
+    t = Traffic([("a", 1, 2), ("b", 3, 4)])
+    assert (t.read, t.written, t.total, t.names) == (4, 6, 10, ["a", "b"])
+
+
+# ---- draw_speed_bars ------------------------------------------------------------------------
+
+MEDIANS = {"clone": 2e-3, "copy_": 1e-3, "ropelib": 3e-3, "peer": 12e-3}
+
+
+def test_speed_bars_draw_ratios_in_order_with_colours_and_labels():
+    fig, ax = agg_axes()
+    ratios = draw_speed_bars(ax, MEDIANS, title="float32, half")
+    assert ratios == pytest.approx({"clone": 2.0, "copy_": 1.0, "ropelib": 3.0, "peer": 12.0})
+    bars = ax.patches
+    assert [b.get_width() for b in bars] == pytest.approx([2.0, 1.0, 3.0, 12.0])
+    colours = [tuple(np.round(b.get_facecolor()[:3], 3)) for b in bars]
+    assert colours[0] == colours[1]                      # baselines alike (grey)
+    assert len({colours[0], colours[2], colours[3]}) == 3  # baseline, ropelib, peer differ
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(MEDIANS)
+    assert [t.get_text() for t in ax.texts] == ["2.0", "1.0", "3.0", "12.0"]
+    assert ax.get_xscale() == "log"
+    assert ax.get_title() == "float32, half"
+    assert ax.get_xlabel() == "time / time of copy_"
+    assert ax.get_xlim()[1] == pytest.approx(2.5 * 12.0)
+    assert any(line.get_xdata()[0] == 1.0 for line in ax.get_lines())   # the ratio-1 line
+    fig.canvas.draw()
+
+
+def test_speed_bars_other_baseline_fixed_xmax_and_no_annotations():
+    _, ax = agg_axes()
+    ratios = draw_speed_bars(ax, MEDIANS, baseline="clone", xmax=100.0, annotate=False)
+    assert ratios["clone"] == 1.0 and ratios["copy_"] == 0.5
+    assert ax.get_xlim() == pytest.approx((0.4, 100.0))
+    assert len(ax.texts) == 0
+
+
+@pytest.mark.parametrize("medians, match", [
+    ({}, "at least one"),
+    ({"clone": 1.0}, "no entry 'copy_'"),
+    ({"copy_": 1.0, "x": 0.0}, "positive"),
+    ({"copy_": 1.0, "x": float("nan")}, "positive"),
+])
+def test_speed_bars_reject_bad_medians(medians, match):
+    _, ax = agg_axes()
+    with pytest.raises(ValueError, match=match):
+        draw_speed_bars(ax, medians)
+
+
+# ---- draw_roofline --------------------------------------------------------------------------
+
+def test_roofline_is_the_minimum_of_the_two_roofs():
+    fig, ax = agg_axes()
+    peak, bandwidth = 100e9, 10e9
+    balance = draw_roofline(ax, peak, bandwidth, {"rope": (0.375, 2e9), "matmul": (80.0, peak)})
+    assert balance == pytest.approx(10.0)
+    roof = ax.get_lines()[0]
+    x, y = roof.get_xdata(), roof.get_ydata()
+    np.testing.assert_allclose(y, np.minimum(100.0, x * 10.0))          # GFLOP/s
+    assert x[0] == pytest.approx(1 / 16) and x[-1] == pytest.approx(256)
+    points = {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0])
+              for line in ax.get_lines()[2:]}
+    assert points == {"rope": (0.375, 2.0), "matmul": (80.0, 100.0)}
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0] == "roofline: 10 GB/s, 100 GFLOP/s"
+    assert "10.0 flop/byte" in ax.texts[0].get_text()
+    fig.canvas.draw()
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((0.0, 1.0, {}), {}, "must be > 0"),
+    ((1.0, 1.0, {"a": (0.0, 1.0)}), {}, "intensity > 0"),
+    ((1.0, 1.0, {}), {"intensity_range": (2.0, 1.0)}, "intensity_range"),
+])
+def test_roofline_rejects_bad_inputs(args, kwargs, match):
+    _, ax = agg_axes()
+    with pytest.raises(ValueError, match=match):
+        draw_roofline(ax, *args, **kwargs)
+
+
+# ---- speed_table_html -----------------------------------------------------------------------
+
+def cells(row_html):
+    return re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row_html)
+
+
+def test_table_rows_ratios_bandwidth_and_traffic():
+    sections = {"float32, half": MEDIANS, "no copy <b>": {"clone": 1e-3, "x": 4e-3}}
+    nbytes = {"float32, half": 2_000_000, "no copy <b>": 1_000_000}
+    html = speed_table_html(sections, nbytes, traffic={"float32, half": {"ropelib": 2.5}})
+    assert html.startswith("<style>") and html.endswith("</table>")
+    assert html.count("<table") == 1
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", html)
+    assert cells(rows[0]) == ["formulation", "traffic / copy", "median (µs)", "/ clone",
+                              "/ copy_", "GB/s"]
+    assert cells(rows[1]) == ["float32, half"]
+    assert cells(rows[4]) == ["ropelib", "2.50", "3,000", "1.50", "3.00", "0.7"]
+    assert cells(rows[2]) == ["clone", "", "2,000", "1.00", "2.00", "1.0"]
+    assert 'font-weight:bold' in rows[4] and 'font-weight:bold' not in rows[5]
+    assert cells(rows[6]) == ["no copy &lt;b&gt;"]                    # escaped
+    assert cells(rows[8]) == ["x", "", "4,000", "4.00", "", "0.2"]    # no copy_: blank ratio
+    assert len(rows) == 1 + 1 + 4 + 1 + 2
+
+
+@pytest.mark.parametrize("sections, nbytes, match", [
+    ({}, {}, "at least one section"),
+    ({"a": {"copy_": 1.0}}, {"a": 1}, "no entry 'clone'"),
+    ({"a": {"clone": 1.0}}, {}, "nbytes"),
+    ({"a": {"clone": -1.0}}, {"a": 1}, "positive"),
+])
+def test_table_rejects_bad_inputs(sections, nbytes, match):
+    with pytest.raises(ValueError, match=match):
+        speed_table_html(sections, nbytes)
+
+
+def test_table_leaves_out_columns_blank_in_every_row():
+    html = speed_table_html({"fwd+bwd": {"clone": 2e-3, "ropelib": 3e-3}}, {"fwd+bwd": 2_000_000})
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", html)
+    assert cells(rows[0]) == ["formulation", "median (µs)", "/ clone", "GB/s"]
+    assert 'colspan="4"' in rows[1]
+    assert cells(rows[3]) == ["ropelib", "3,000", "1.50", "0.7"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, NullFormatter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -152,6 +153,8 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     ax.barh(y, list(ratios.values()), color=[_colour(lb, baselines, highlight) for lb in labels],
             height=0.7)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.axvline(1.0, color="0.3", linestyle=":", linewidth=1)
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
@@ -211,6 +214,13 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
     return balance
 
 
+# Spacing and right-aligned numbers, scoped to these tables (the page's theme styles tables
+# in its own content, not in cell outputs).
+_TABLE_STYLE = ("<style>.ropelib-speed th, .ropelib-speed td {padding: 0.1em 0.5em; "
+                "white-space: nowrap} .ropelib-speed td:not(:first-child) {text-align: right}"
+                "</style>")
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
@@ -220,11 +230,15 @@ def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mappin
                      clone: str = "clone", copy: str = "copy_") -> str:
     """An HTML table of measured medians: one header row per section, one row per entry.
 
+    The table (class ``ropelib-speed``) comes after a small ``<style>`` block scoped to that
+    class, which spaces the columns and right-aligns the numbers.
+
     Columns: the formulation, its memory traffic in units of a copy's (when ``traffic`` has
     the section), the median in microseconds, the ratio to ``clone`` and to ``copy`` (blank
     when the section has no such entry), and the effective bandwidth ``nbytes / median``
     (the bytes a copy moves, divided by the time: what the formulation achieves as if it
-    moved only those).
+    moved only those). A column blank in every row (no ``traffic`` at all, no ``copy``
+    entry in any section) is left out.
 
     Args:
         sections: ``{title: {formulation: median seconds}}``; every section needs ``clone``.
@@ -236,26 +250,34 @@ def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mappin
         raise ValueError("sections must hold at least one section, got an empty mapping")
     traffic = traffic or {}
     head = ["formulation", "traffic / copy", "median (µs)", "/ clone", "/ copy_", "GB/s"]
-    rows = ["<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead>",
-            "<tbody>"]
+    body: list[tuple[str, list[str] | None, bool]] = []     # (title or name, cells, bold)
     for title, medians in sections.items():
         _check_medians(f"sections[{title!r}]", medians, clone)
         if title not in nbytes or nbytes[title] <= 0:
             raise ValueError(f"nbytes must give a positive byte count for section {title!r}")
-        rows.append(f'<tr><th colspan="{len(head)}" style="text-align:left">'
-                    f"{html.escape(title)}</th></tr>")
+        body.append((title, None, False))
         copy_time = medians.get(copy)
         for name, seconds in medians.items():
-            cells = [
+            body.append((name, [
                 html.escape(name),
                 _fmt(traffic.get(title, {}).get(name), ".2f"),
                 f"{seconds * 1e6:,.0f}",
                 f"{seconds / medians[clone]:.2f}",
                 _fmt(seconds / copy_time if copy_time else None, ".2f"),
                 f"{nbytes[title] / seconds / 1e9:.1f}",
-            ]
-            style = ' style="font-weight:bold"' if name.startswith("ropelib") else ""
-            rows.append(f"<tr{style}><td>" + "</td><td>".join(cells) + "</td></tr>")
+            ], name.startswith("ropelib")))
+    # A column that is blank in every row (no traffic given, no copy_ anywhere) is left out.
+    keep = [i for i in range(len(head))
+            if i == 0 or any(cells is not None and cells[i] for _, cells, _ in body)]
+    rows = ["<thead><tr>" + "".join(f"<th>{html.escape(head[i])}</th>" for i in keep)
+            + "</tr></thead>", "<tbody>"]
+    for label, cells, bold in body:
+        if cells is None:
+            rows.append(f'<tr><th colspan="{len(keep)}" style="text-align:left">'
+                        f"{html.escape(label)}</th></tr>")
+            continue
+        style = ' style="font-weight:bold"' if bold else ""
+        rows.append(f"<tr{style}><td>" + "</td><td>".join(cells[i] for i in keep) + "</td></tr>")
     rows.append("</tbody>")
-    return ('<table class="ropelib-speed" style="font-variant-numeric: tabular-nums">'
+    return (_TABLE_STYLE + '<table class="ropelib-speed" style="font-variant-numeric: tabular-nums">'
             + "".join(rows) + "</table>")
