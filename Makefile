@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: venv book test lint lab bench clean
 
 $(STAMP): requirements.txt pyproject.toml
+	bash tests/apt_need.sh "$${CC:-cc}" gcc
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0 -r requirements.txt -e .

@@ -2,7 +2,9 @@
 
 RoPE is memory-bound: it reads x and writes a tensor of the same size, exactly what a copy
 does, so every time here is reported as a ratio to a copy measured in the same run
-(``clone``, which allocates its output, and ``copy_`` into a buffer that already exists).
+(``clone``, which allocates its output, and ``copy_`` into a buffer that already exists;
+with the compiled kernel also ``clone, huge pages``, a copy into an output allocated the way
+ropelib allocates its own, see ``ropelib.native``).
 Candidates are timed round-robin (one call of each in turn, repeated), so a burst of load on
 the machine hits all of them alike, and the median is reported.
 
@@ -25,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import native
 from .rotation import apply_rope
 from .tables import generate_rope_embeddings
 
@@ -120,6 +123,10 @@ def forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], o
     cases: dict[str, Callable[[], object]] = {
         "clone": x.clone,
         "copy_": lambda: buffer.copy_(x),
+    }
+    if native.supports(x, None):  # the allocation ropelib's fresh outputs get: huge pages
+        cases["clone, huge pages"] = lambda: native.empty_like(x).copy_(x)
+    cases |= {
         "ropelib": lambda: apply_rope(x, cos, sin, layout=layout),
         "ropelib out=": lambda: apply_rope(x, cos, sin, layout=layout, out=buffer),
         "ropelib in place": lambda: apply_rope(scratch, cos, sin, layout=layout, out=scratch),

@@ -1,7 +1,9 @@
 """The rotation's arithmetic, arranged to move as few bytes as possible.
 
 RoPE reads x once and writes the result once, like a copy; everything beyond that is
-overhead. In eager PyTorch:
+overhead. On the CPU, for float32, float64 and bfloat16, ``ropelib.native`` does it in one
+compiled loop (path ``"native"``) whenever its C compiler was found. Elsewhere, in eager
+PyTorch:
 
 - **Interleaved layout, float32/float64:** a pair (a, b) is the complex number a + ib and the
   rotation is one complex multiply by e^{i m theta} (``view_as_complex``): a single pass.
@@ -21,6 +23,8 @@ Every path is exact up to the rounding of the dtype; the tests compare each agai
 from __future__ import annotations
 
 import torch
+
+from . import native
 
 _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
@@ -51,7 +55,10 @@ def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
-    """``"complex"``, ``"upcast"`` (half precision via float32 complex) or ``"pairs"``."""
+    """``"native"`` (the compiled CPU loop), ``"complex"``, ``"upcast"`` (half precision via
+    float32 complex) or ``"pairs"``."""
+    if native.supports(x, out):
+        return "native"
     if layout == "interleaved":
         if x.dtype in _UPCAST_DTYPES:
             return "upcast"
@@ -65,9 +72,13 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
                    layout: str) -> tuple[torch.Tensor, ...]:
     """The tables a path multiplies by, with the rows (dim -2) of cos and sin.
 
+    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise;
     ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
     float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype.
     """
+    if path == "native":
+        accumulate = torch.float64 if dtype == torch.float64 else torch.float32
+        return cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
     if path == "complex":
         return (torch.complex(cos.to(dtype), sin.to(dtype)),)
     if path == "upcast":
@@ -80,6 +91,8 @@ def inverse_tables(tables: tuple[torch.Tensor, ...], path: str) -> tuple[torch.T
     """Tables of the inverse rotation (angle -m theta): the gradient's rotation."""
     if path in ("complex", "upcast"):
         return (tables[0].conj(),)
+    if path == "native":
+        return tables[0], -tables[1]
     cos, sin, cos_wide = tables
     return cos, -sin, cos_wide
 
@@ -97,6 +110,8 @@ def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], path: str, layout:
         rotary_dim: rotated channels (even, <= head_dim).
         out: destination of x's shape; may be x itself. Default: a new contiguous tensor.
     """
+    if path == "native":
+        return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out)
     in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -11,7 +11,7 @@ Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
 The gradient of a rotation is the rotation by the opposite angle, so the backward pass is the
 same kernel with sin negated instead of a chain of autograd nodes. The arithmetic itself is in
-``ropelib.kernels``.
+``ropelib.native`` (the compiled CPU loop) and ``ropelib.kernels`` (the eager paths).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from . import kernels
+from . import kernels, native
 from ._checks import check_float_tensor, check_int_tensor, check_layout
 
 Layout = Literal["interleaved", "half"]
@@ -47,7 +47,10 @@ class _RotaryFunction(torch.autograd.Function):
             path = kernels.choose_path(grad, None, layout, rd)
             tables = (kernels.inverse_tables(ctx.tables, path) if path == ctx.path
                       else kernels.prepare_tables(cos, -sin, path, grad.dtype, layout))
-            grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd, path, tables)
+            if torch.is_grad_enabled():  # create_graph=True: the gradient is differentiated too
+                grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd, path, tables)
+            else:
+                grad_x = kernels.rotate(grad, tables, path, layout, rd)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             a, b = kernels.pairs(x[..., :rd], layout)
             ga, gb = kernels.pairs(grad[..., :rd], layout)
@@ -192,8 +195,11 @@ def apply_rope(
     if cos.ndim == 2:
         if positions is not None:
             _check_positions(positions, x, offset, cos.shape[0], short_table)
-        tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table)
-                       for t in _prepared(cos, sin, path, x.dtype, layout))
+        prepared = _prepared(cos, sin, path, x.dtype, layout)
+        if (path == "native" and positions is None and not needs_grad
+                and offset + x.shape[-2] <= cos.shape[0]):
+            return native.rotate(x, *prepared, layout, rd, out, first_row=offset)
+        tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table) for t in prepared)
         if needs_grad:
             cos = _select_rows(cos, "cos", x, positions, offset, short_table)
             sin = _select_rows(sin, "sin", x, positions, offset, short_table)
@@ -229,6 +235,25 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
                                     or out.requires_grad):
         raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
                          "torch.no_grad() or drop out= to get gradients")
-    if out.data_ptr() == x.data_ptr() and out.stride() != x.stride():
-        raise ValueError("out shares memory with x but has different strides; pass out=x "
-                         "for an in-place rotation or a separate buffer")
+    if any(stride == 0 and size > 1 for size, stride in zip(out.shape, out.stride(), strict=True)):
+        raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
+                         f"strides {tuple(out.stride())}, e.g. from expand); pass a buffer "
+                         "made with torch.empty_like(x)")
+    if _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
+        raise ValueError("out shares memory with x but is not x itself (other strides or "
+                         "offset); pass out=x for an in-place rotation or a separate buffer")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges spanned by a and b in the same storage intersect."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1

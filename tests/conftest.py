@@ -1,10 +1,12 @@
-"""Shared fixtures: the device parametrization, seeding and the hypothesis profile."""
+"""Shared fixtures: the device and backend parametrizations, seeding and the hypothesis profile."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from ropelib import native
 
 settings.register_profile(
     "ropelib", max_examples=30, deadline=None, database=None,
@@ -19,6 +21,20 @@ def device(request) -> torch.device:
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA is not available on this machine")
     return torch.device(request.param)
+
+
+@pytest.fixture(params=["native", "eager"])
+def backend(request):
+    """Run a test with ropelib's compiled CPU kernel and again with its eager paths.
+
+    A missing compiler fails the native case rather than skipping it: the project's machines
+    have one, and a silent fallback would leave the kernel untested.
+    """
+    if request.param == "native":
+        assert native.unavailable_reason() is None, native.unavailable_reason()
+    previous = native.set_enabled(request.param == "native")
+    yield request.param
+    native.set_enabled(previous)
 
 
 @pytest.fixture(autouse=True)

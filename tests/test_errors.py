@@ -200,7 +200,14 @@ CASES = {
         ValueError, r"apply_rope\(..., out=...\) is not differentiable; call it under torch.no_grad\(\)"),
     "out aliasing x with other strides": (
         lambda: rotate_into_own_transpose(x_of(2, 4, 4)), ValueError,
-        r"out shares memory with x but has different strides; pass out=x"),
+        r"out shares memory with x but is not x itself \(other strides or offset\); pass out=x"),
+    "out with elements sharing memory": (
+        lambda: apply_rope(x_of(2, 5, 8), *tables(5, 8), out=torch.empty(1, 5, 8).expand(2, 5, 8)),
+        ValueError, r"out has elements that share memory \(stride 0 in a dim of size > 1, strides "
+        r"\(0, 8, 1\)"),
+    "out overlapping x at an offset": (
+        lambda: apply_rope(X[:, 1:], *tables(4, 16), out=X[:, :-1]), ValueError,
+        r"out shares memory with x but is not x itself"),
     # ---- other arguments
     "unknown layout": (
         lambda: apply_rope(x_of(2, 5, 8), *tables(5, 8), layout="neox"), ValueError,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from reference import angles, quadratic_linear_attention, rope_by_matrix, thetas
@@ -9,6 +11,8 @@ from reference import angles, quadratic_linear_attention, rope_by_matrix, thetas
 from ropelib import generate_rope_embeddings, linear_attention
 
 F64 = torch.float64
+# the module (ropelib.linear_attention is also the name of the function ropelib exports)
+linear_attention_module = importlib.import_module("ropelib.linear_attention")
 
 
 def qkv(shape, v_dim, device):
@@ -51,6 +55,34 @@ def test_with_rope_equals_quadratic_form(layout, causal, device):
     assert not torch.allclose(out, plain)  # the rotation does something
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_batch_positions_follow_the_blocks(causal, device):
+    """positions (batch, seq) are sliced block by block: each batch entry is rotated by its
+    own positions, as in the quadratic form."""
+    q, k, v = qkv((2, 3, 11, 8), 4, device)
+    positions = torch.stack([torch.arange(11), torch.arange(11).flip(0) * 2 + 5]).to(device)
+    cos, sin = generate_rope_embeddings(40, 8, device=device, dtype=F64)
+    out = linear_attention(q, k, v, rope=(cos, sin), positions=positions, causal=causal,
+                           chunk_size=4)
+    for b in range(2):
+        rotate = matrix_rotation(positions[b].cpu(), 8, "interleaved")
+        expected = quadratic_linear_attention(q[b].cpu(), k[b].cpu(), v[b].cpu(), rotate=rotate,
+                                              causal=causal)
+        torch.testing.assert_close(out[b].cpu(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 5])
+def test_causal_form_streams_over_several_feature_blocks(chunk_size, monkeypatch, device):
+    """Blocks of features (here about 8 tokens) with chunks that may not divide them."""
+    monkeypatch.setattr(linear_attention_module, "STREAM_TOKENS", 8)
+    q, k, v = qkv((2, 3, 23, 6), 3, device)
+    cos, sin = generate_rope_embeddings(23, 6, device=device, dtype=F64)
+    out = linear_attention(q, k, v, rope=(cos, sin), causal=True, chunk_size=chunk_size)
+    rotate = matrix_rotation(torch.arange(23), 6, "interleaved")
+    expected = quadratic_linear_attention(q.cpu(), k.cpu(), v.cpu(), rotate=rotate, causal=True)
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 7, 13, 64])
 def test_causal_chunk_sizes_agree(chunk_size, device):
     """Any chunk size, including ones that do not divide N = 13, gives the quadratic result."""
@@ -90,20 +122,21 @@ def test_rope_output_unchanged_by_shifting_all_positions(causal, layout, device)
     assert not torch.allclose(scrambled, outs[0])
 
 
-def test_custom_feature_map_and_gradients(device):
+@pytest.mark.parametrize("causal", [False, True])
+def test_custom_feature_map_and_gradients(causal, device):
     q, k, v = qkv((1, 1, 6, 4), 2, device)
     q.requires_grad_()
 
     def feature_map(t):
         return torch.nn.functional.softplus(t) + 0.1
 
-    out = linear_attention(q, k, v, feature_map=feature_map, causal=True, chunk_size=4)
-    expected = quadratic_linear_attention(q.detach().cpu(), k.cpu(), v.cpu(), causal=True,
+    out = linear_attention(q, k, v, feature_map=feature_map, causal=causal, chunk_size=4)
+    expected = quadratic_linear_attention(q.detach().cpu(), k.cpu(), v.cpu(), causal=causal,
                                           feature_map=feature_map)
     torch.testing.assert_close(out.detach().cpu(), expected, rtol=1e-10, atol=1e-10)
 
     def f(q, k, v):
-        return linear_attention(q, k, v, causal=True, chunk_size=4, rope=(cos, sin))
+        return linear_attention(q, k, v, causal=causal, chunk_size=4, rope=(cos, sin))
 
     cos, sin = generate_rope_embeddings(6, 4, device=device, dtype=F64)
 

@@ -21,6 +21,9 @@ from reference import (
 
 from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings
 
+# Every test here runs twice: with the compiled CPU kernel and with the eager paths.
+pytestmark = pytest.mark.usefixtures("backend")
+
 F64 = torch.float64
 LAYOUTS = ["interleaved", "half"]
 

@@ -212,6 +212,23 @@ def test_roofline_is_the_minimum_of_the_two_roofs():
     fig.canvas.draw()
 
 
+def test_roofline_draws_more_memory_roofs_under_the_same_compute_roof():
+    fig, ax = agg_axes()
+    balance = draw_roofline(ax, 100e9, 10e9, {"rope": (0.375, 2e9)}, label="memory",
+                            more_roofs={"cache": 50e9})
+    assert balance == pytest.approx(10.0)                # the balance of the first roof
+    lines = ax.get_lines()
+    x, y = lines[2].get_xdata(), lines[2].get_ydata()
+    np.testing.assert_allclose(y, np.minimum(100.0, x * 50.0))
+    assert lines[2].get_linestyle() == "--"
+    assert (lines[3].get_label(), lines[3].get_xdata()[0]) == ("rope", 0.375)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[:2] == ["memory: 10 GB/s, 100 GFLOP/s", "cache: 50 GB/s"]
+    with pytest.raises(ValueError, match="more_roofs\\['cache'\\] must be a bandwidth > 0"):
+        draw_roofline(ax, 100e9, 10e9, {}, more_roofs={"cache": 0.0})
+    fig.canvas.draw()
+
+
 @pytest.mark.parametrize("args, kwargs, match", [
     ((0.0, 1.0, {}), {}, "must be > 0"),
     ((1.0, 1.0, {"a": (0.0, 1.0)}), {}, "intensity > 0"),

@@ -174,7 +174,8 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
 
 def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
                   points: Mapping[str, tuple[float, float]], *,
-                  intensity_range: tuple[float, float] = (1 / 16, 256.0)) -> float:
+                  intensity_range: tuple[float, float] = (1 / 16, 256.0),
+                  label: str = "roofline", more_roofs: Mapping[str, float] | None = None) -> float:
     """The roofline model: attainable flop rate min(peak, intensity * bandwidth), log-log.
 
     Args:
@@ -183,6 +184,10 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
         bandwidth: the memory roof's slope, in bytes/s (e.g. measured with a copy).
         points: ``{label: (arithmetic intensity in flop/byte, achieved flop/s)}``.
         intensity_range: the x range, in flop/byte.
+        label: the roofline's name in the legend.
+        more_roofs: further memory roofs under the same compute roof, ``{name: bytes/s}``
+            (e.g. a cache's bandwidth), drawn dashed; the balance marked stays that of
+            ``bandwidth``.
 
     Returns:
         The machine balance ``peak_flops / bandwidth`` (flop/byte), the intensity where the
@@ -195,9 +200,16 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
         raise ValueError(f"intensity_range must be (low, high) with 0 < low < high, got {intensity_range}")
     balance = peak_flops / bandwidth
     intensity = np.geomspace(lo, hi, 200)
+    more_roofs = dict(more_roofs or {})
+    for name, other in more_roofs.items():
+        if not other > 0:
+            raise ValueError(f"more_roofs[{name!r}] must be a bandwidth > 0, got {other}")
     ax.plot(intensity, np.minimum(peak_flops, intensity * bandwidth) / 1e9, color="0.2",
-            label=f"roofline: {bandwidth / 1e9:.0f} GB/s, {peak_flops / 1e9:.0f} GFLOP/s")
+            label=f"{label}: {bandwidth / 1e9:.0f} GB/s, {peak_flops / 1e9:.0f} GFLOP/s")
     ax.axvline(balance, color="0.5", linestyle=":", linewidth=1)
+    for name, other in more_roofs.items():
+        ax.plot(intensity, np.minimum(peak_flops, intensity * other) / 1e9, color="0.45",
+                linestyle="--", linewidth=1, label=f"{name}: {other / 1e9:.0f} GB/s")
     ax.annotate(f"machine balance\n{balance:.1f} flop/byte", (balance, peak_flops / 1e9),
                 xytext=(4, -28), textcoords="offset points", fontsize="small", color="0.35")
     markers = ("o", "s", "^", "D", "v", "P")

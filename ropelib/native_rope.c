@@ -1,0 +1,202 @@
+/* RoPE as one pass over memory: every pair (a, b) of a row is read once and written once,
+ *
+ *     a' = a cos(m theta_i) - b sin(m theta_i)
+ *     b' = a sin(m theta_i) + b cos(m theta_i),
+ *
+ * in float32 arithmetic for float32 and bfloat16 (rounded once on the way out) and in
+ * float64 for float64. Compiled on first use by ropelib/native.py and called through ctypes.
+ *
+ * x, out and the tables are addressed as "rows" of channels (the last dim, stride 1); every
+ * other dim is described by its size and a stride per tensor (a table's stride is 0 along
+ * the dims it broadcasts over), so transposed views such as q.transpose(1, 2) need no copy.
+ * out is either x itself (in place: each pair is read before it is written) or memory that
+ * does not overlap x; ropelib checks this before calling. The rows are split into `threads`
+ * contiguous ranges run by OpenMP, sharing the thread pool PyTorch already runs.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#define ROPE_MAX_DIMS 8
+
+/* One compiled copy per instruction set, chosen by the CPU at load time (x86-64 Linux GCC). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define ROPE_TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ROPE_TARGETS
+#endif
+
+static inline float bf16_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float bf16_load(uint16_t h) { return bf16_bits((uint32_t)h << 16); }
+
+/* Round to nearest even, as torch does; every NaN becomes the quiet NaN 0x7fc0. Branch-free,
+ * so it vectorizes. */
+static inline uint16_t bf16_store(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(f != f ? 0x7fc0u : rounded);
+}
+
+#define SAME(v) (v)
+
+/* An interleaved pair (x[2i], x[2i+1]) to (a, b) and back. Element by element for float32 and
+ * float64; for bfloat16 as one 32-bit word, which lets the compiler vectorize the loop without
+ * shuffling 16-bit lanes (the low half is x[2i] on a little-endian machine). */
+#define PAIR_LOAD(ACC, LOAD, p, a, b) ACC a = LOAD((p)[0]), b = LOAD((p)[1])
+#define PAIR_STORE(STORE, p, a, b) do { (p)[0] = STORE(a); (p)[1] = STORE(b); } while (0)
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define BF16_PAIR_LOAD(ACC, LOAD, p, a, b)                                                      \
+    uint32_t word_in;                                                                           \
+    memcpy(&word_in, (p), 4);                                                                   \
+    ACC a = bf16_bits(word_in << 16), b = bf16_bits(word_in & 0xffff0000u)
+#define BF16_PAIR_STORE(STORE, p, a, b)                                                         \
+    do {                                                                                        \
+        uint32_t word_ = (uint32_t)STORE(a) | (uint32_t)STORE(b) << 16;                        \
+        memcpy((p), &word_, 4);                                                                 \
+    } while (0)
+#else
+#define BF16_PAIR_LOAD PAIR_LOAD
+#define BF16_PAIR_STORE PAIR_STORE
+#endif
+
+/* The pair loops of one row, for `half` pairs (i, i + h) and `interleaved` pairs (2i, 2i + 1):
+ * out of place (restrict: out does not overlap x) and in place. */
+#define DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                  \
+static inline void NAME##_half(const T *restrict x, T *restrict o, const ACC *restrict c,     \
+                               const ACC *restrict s, int64_t h) {                             \
+    for (int64_t i = 0; i < h; i++) {                                                          \
+        ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
+        o[i] = STORE(a * c[i] - b * s[i]);                                                     \
+        o[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *restrict s,   \
+                                        int64_t h) {                                           \
+    for (int64_t i = 0; i < h; i++) {                                                          \
+        ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
+        x[i] = STORE(a * c[i] - b * s[i]);                                                     \
+        x[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME##_interleaved(const T *restrict x, T *restrict o, const ACC *restrict c, \
+                                      const ACC *restrict s, int64_t h) {                      \
+    for (int64_t i = 0; i < h; i++) {                                                          \
+        PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
+        PSTORE(STORE, o + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME##_interleaved_in_place(T *x, const ACC *restrict c,                   \
+                                               const ACC *restrict s, int64_t h) {             \
+    for (int64_t i = 0; i < h; i++) {                                                          \
+        PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
+        PSTORE(STORE, x + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
+    }                                                                                          \
+}
+
+/* Rows [begin, end) of the tensor: `index` is the row's position in the leading dims, advanced
+ * like an odometer, with the element offsets of x, out and the tables kept alongside. */
+#define DEFINE_RANGE(NAME, T, ACC)                                                             \
+static ROPE_TARGETS void NAME##_range(                                                         \
+        const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
+        int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
+        const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
+        int64_t rotary_dim, int64_t half_layout) {                                             \
+    int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, rest = begin;                        \
+    for (int64_t k = ndim - 1; k >= 0; k--) {                                                  \
+        index[k] = rest % sizes[k];                                                            \
+        rest /= sizes[k];                                                                      \
+        xo += index[k] * x_strides[k];                                                         \
+        oo += index[k] * out_strides[k];                                                       \
+        to += index[k] * table_strides[k];                                                     \
+    }                                                                                          \
+    const int64_t h = rotary_dim / 2;                                                          \
+    for (int64_t r = begin; r < end; r++) {                                                    \
+        const T *xr = x + xo;                                                                  \
+        T *orow = out + oo;                                                                    \
+        const ACC *c = cos_t + to, *s = sin_t + to;                                            \
+        if (orow == xr) {                                                                      \
+            if (half_layout) NAME##_half_in_place(orow, c, s, h);                              \
+            else NAME##_interleaved_in_place(orow, c, s, h);                                   \
+        } else {                                                                               \
+            if (half_layout) NAME##_half(xr, orow, c, s, h);                                   \
+            else NAME##_interleaved(xr, orow, c, s, h);                                        \
+            if (rotary_dim < head_dim)                                                         \
+                memcpy(orow + rotary_dim, xr + rotary_dim,                                     \
+                       (size_t)(head_dim - rotary_dim) * sizeof(T));                           \
+        }                                                                                      \
+        for (int64_t k = ndim - 1; k >= 0; k--) {                                              \
+            xo += x_strides[k];                                                                \
+            oo += out_strides[k];                                                              \
+            to += table_strides[k];                                                            \
+            if (++index[k] < sizes[k]) break;                                                  \
+            xo -= index[k] * x_strides[k];                                                     \
+            oo -= index[k] * out_strides[k];                                                   \
+            to -= index[k] * table_strides[k];                                                 \
+            index[k] = 0;                                                                      \
+        }                                                                                      \
+    }                                                                                          \
+}
+
+/* The entry point: all rows of x, split over `threads` threads. `dims` holds, for the ndim
+ * leading dims, their sizes, then x's strides, out's strides and the tables' strides. */
+#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                  \
+DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                          \
+DEFINE_RANGE(NAME, T, ACC)                                                                     \
+void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,            \
+          int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
+          int64_t half_layout) {                                                               \
+    const int64_t *sizes = dims, *x_strides = dims + ndim, *out_strides = dims + 2 * ndim;     \
+    const int64_t *table_strides = dims + 3 * ndim;                                            \
+    int64_t rows = 1;                                                                          \
+    for (int64_t k = 0; k < ndim; k++) rows *= sizes[k];                                       \
+    if (threads <= 1 || rows < 2) {                                                            \
+        NAME##_range(x, out, cos_t, sin_t, 0, rows, ndim, sizes, x_strides, out_strides,       \
+                     table_strides, head_dim, rotary_dim, half_layout);                        \
+        return;                                                                                \
+    }                                                                                          \
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+    for (int64_t t = 0; t < threads; t++)                                                      \
+        NAME##_range(x, out, cos_t, sin_t, rows * t / threads, rows * (t + 1) / threads, ndim, \
+                     sizes, x_strides, out_strides, table_strides, head_dim, rotary_dim,       \
+                     half_layout);                                                             \
+}
+
+int64_t rope_max_dims(void) { return ROPE_MAX_DIMS; }
+
+/* Whether this build runs its threads (compiled with OpenMP) or runs the ranges in turn. */
+int64_t rope_threaded(void) {
+#if defined(_OPENMP)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE)
+DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE)
+DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE)
+
+/* Ask for transparent huge pages on the 2 MiB-aligned part of a fresh buffer, before it is
+ * first touched: one page fault per 2 MiB instead of per 4 KiB. Advice only; 0 on success. */
+int rope_advise_huge_pages(void *start, int64_t nbytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)1 << 21;
+    uintptr_t begin = ((uintptr_t)start + huge - 1) & ~(huge - 1);
+    uintptr_t end = ((uintptr_t)start + (uintptr_t)nbytes) & ~(huge - 1);
+    if (end <= begin) return 0;
+    return madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+#else
+    (void)start;
+    (void)nbytes;
+    return -1;
+#endif
+}

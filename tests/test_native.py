@@ -1,0 +1,193 @@
+"""The compiled CPU kernel: when it is used, and its results against independent references.
+
+The references: the explicit block-diagonal rotation in float64 (tests/reference.py), and
+torch's own float32 arithmetic and bfloat16 rounding for the bit-level checks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from reference import angles, rope_by_pairs, thetas
+
+from ropelib import apply_rope, generate_rope_embeddings, kernels, native
+
+F64 = torch.float64
+LAYOUTS = ["interleaved", "half"]
+
+
+def angles64(seq: int, dim: int) -> torch.Tensor:
+    return angles(torch.arange(seq), thetas(dim))
+
+
+def test_kernel_is_built_and_chosen_for_its_dtypes():
+    assert native.unavailable_reason() is None
+    for dtype in native.DTYPES:
+        x = torch.zeros(2, 4, 8, dtype=dtype)
+        assert kernels.choose_path(x, None, "half", 8) == "native"
+    assert kernels.choose_path(torch.zeros(2, 4, 8, dtype=torch.float16), None, "half", 8) != "native"
+    strided_channels = torch.zeros(2, 4, 16)[..., ::2]
+    assert kernels.choose_path(strided_channels, None, "half", 8) != "native"
+    previous = native.set_enabled(False)
+    try:
+        assert kernels.choose_path(torch.zeros(2, 4, 8), None, "half", 8) != "native"
+    finally:
+        native.set_enabled(previous)
+
+
+def test_set_enabled_rejects_non_bools():
+    with pytest.raises(TypeError, match="enabled must be a bool, got int"):
+        native.set_enabled(1)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_transposed_view_broadcast_positions_and_partial_rotation(layout, dtype):
+    """q as attention modules make it, (B, S, H, D).transpose(1, 2), per-batch positions
+    (tables broadcast over heads), rotary_dim < head_dim: strides handled without copies."""
+    batch, seq, heads, dim, rd = 3, 7, 4, 12, 8
+    x = torch.randn(batch, seq, heads, dim, dtype=dtype).transpose(1, 2)
+    positions = torch.randint(0, 50, (batch, seq))
+    cos, sin = generate_rope_embeddings(50, rd, dtype=F64)
+    assert kernels.choose_path(x, None, layout, rd) == "native"
+    result = apply_rope(x, cos, sin, layout=layout, positions=positions, rotary_dim=rd)
+    tol = 1e-12 if dtype == F64 else 1e-6
+    for b in range(batch):
+        expected = rope_by_pairs(x[b].to(F64), angles64(50, rd)[positions[b]], layout)
+        torch.testing.assert_close(result[b].to(F64), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bfloat16_rounds_once_like_torch(layout):
+    """bf16 in, float32 arithmetic, one rounding: bit-identical to torch doing the same float32
+    operations and rounding with .to(bfloat16); NaN, inf and overflow included."""
+    x = (torch.randn(2, 3, 64, 32) * 100).to(torch.bfloat16)
+    x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.3e38])
+    cos, sin = generate_rope_embeddings(64, 32)
+    result = apply_rope(x, cos, sin, layout=layout)
+    xf = x.float()
+    h = 16
+    a, b = (xf[..., :h], xf[..., h:]) if layout == "half" else (xf[..., 0::2], xf[..., 1::2])
+    first, second = a * cos - b * sin, a * sin + b * cos
+    expected = (torch.cat((first, second), -1) if layout == "half"
+                else torch.stack((first, second), -1).flatten(-2)).to(torch.bfloat16)
+    assert expected.isnan().any() and torch.equal(result.isnan(), expected.isnan())
+    keep = ~expected.isnan()  # NaN payloads differ between torch's own scalar and vector paths
+    assert torch.equal(result[keep].view(torch.int16), expected[keep].view(torch.int16))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_threads_split_rows_without_changing_a_bit(layout):
+    x = torch.randn(4, 8, 300, 64)
+    cos, sin = generate_rope_embeddings(300, 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = apply_rope(x, cos, sin, layout=layout)
+        torch.set_num_threads(3)
+        split = apply_rope(x, cos, sin, layout=layout)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, split)
+    torch.testing.assert_close(split.to(F64), rope_by_pairs(x.to(F64), angles64(300, 64), layout),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_large_output_is_a_plain_contiguous_tensor():
+    x = torch.randn(2, 4, 1024, 256)  # 8 MiB: asks for huge pages
+    out = native.empty_like(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.is_contiguous()
+    cos, sin = generate_rope_embeddings(1024, 256)
+    torch.testing.assert_close(apply_rope(x, cos, sin).to(F64),
+                               rope_by_pairs(x.to(F64), angles64(1024, 256), "interleaved"),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_empty_inputs():
+    cos, sin = generate_rope_embeddings(4, 8)
+    x = torch.randn(0, 2, 4, 8)
+    assert apply_rope(x, cos, sin).shape == (0, 2, 4, 8)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_on_one_thread():
+    """A DataLoader worker is a fork and runs torch on one thread (OpenMP's pool does not
+    survive a fork); the kernel, which shares that pool, works there."""
+    x = torch.randn(4, 8, 256, 64)
+    cos, sin = generate_rope_embeddings(256, 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = apply_rope(x, cos, sin)  # the parent's OpenMP threads now exist
+    finally:
+        torch.set_num_threads(threads)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)
+            os._exit(0 if torch.equal(apply_rope(x, cos, sin), expected) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_built_with_openmp_here():
+    assert native.threaded()
+
+
+def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp_path):
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *-fopenmp*) exit 1;; esac\nexec cc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path / "cache"))
+    native._load.cache_clear()
+    threads = torch.get_num_threads()
+    try:
+        assert native.unavailable_reason() is None and not native.threaded()
+        torch.set_num_threads(2)
+        x = torch.randn(4, 8, 128, 64)
+        cos, sin = generate_rope_embeddings(128, 64)
+        assert kernels.choose_path(x, None, "half", 64) == "native"
+        torch.testing.assert_close(apply_rope(x, cos, sin, layout="half").to(F64),
+                                   rope_by_pairs(x.to(F64), angles64(128, 64), "half"),
+                                   rtol=1e-6, atol=1e-6)
+    finally:
+        torch.set_num_threads(threads)
+        monkeypatch.undo()
+        native._load.cache_clear()
+
+
+def test_without_a_compiler_the_eager_paths_take_over(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path / "cache"))
+    native._load.cache_clear()
+    try:
+        reason = native.unavailable_reason()
+        assert reason is not None and "no-such-compiler" in reason
+        x = torch.randn(2, 3, 5, 8)
+        assert kernels.choose_path(x, None, "half", 8) == "pairs"
+        cos, sin = generate_rope_embeddings(5, 8)
+        torch.testing.assert_close(apply_rope(x, cos, sin, layout="half").to(F64),
+                                   rope_by_pairs(x.to(F64), angles64(5, 8), "half"),
+                                   rtol=1e-6, atol=1e-6)
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
+    assert native.unavailable_reason() is None
+
+
+def test_compiles_into_a_fresh_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path))
+    native._load.cache_clear()
+    try:
+        assert native.cache_dir() == tmp_path
+        assert native.unavailable_reason() is None
+        assert len(list(tmp_path.glob("native_rope-*.so"))) == 1
+        assert not list(tmp_path.glob("tmp*"))
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
