@@ -71,25 +71,19 @@ def test_per_batch_positions_follow_the_blocks(causal, device):
         torch.testing.assert_close(out[b].cpu(), expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 3, 5])
-def test_causal_form_streams_over_several_feature_blocks(chunk_size, monkeypatch, device):
-    """Blocks of features (here about 8 tokens) with chunks that may not divide them."""
-    monkeypatch.setattr(linear_attention_module, "STREAM_TOKENS", 8)
-    q, k, v = qkv((2, 3, 23, 6), 3, device)
-    cos, sin = generate_rope_embeddings(23, 6, device=device, dtype=F64)
-    out = linear_attention(q, k, v, rope=(cos, sin), causal=True, chunk_size=chunk_size)
-    rotate = matrix_rotation(torch.arange(23), 6, "interleaved")
-    expected = quadratic_linear_attention(q.cpu(), k.cpu(), v.cpu(), rotate=rotate, causal=True)
-    torch.testing.assert_close(out.cpu(), expected, rtol=1e-10, atol=1e-10)
+CAUSAL_CASES = [(13, None, c) for c in (1, 2, 3, 7, 13, 64)] + [(23, 8, c) for c in (1, 3, 5)]
 
 
-@pytest.mark.parametrize("chunk_size", [1, 2, 3, 7, 13, 64])
-def test_causal_chunk_sizes_agree(chunk_size, device):
-    """Any chunk size, including ones that do not divide N = 13, gives the quadratic result."""
-    q, k, v = qkv((2, 3, 13, 6), 3, device)
-    cos, sin = generate_rope_embeddings(13, 6, device=device, dtype=F64)
+@pytest.mark.parametrize(("n", "stream_tokens", "chunk_size"), CAUSAL_CASES)
+def test_causal_chunks_and_feature_blocks_agree(n, stream_tokens, chunk_size, monkeypatch, device):
+    """Any chunk size, including ones that divide neither N nor the block of features (made
+    about 8 tokens for N = 23, several blocks), gives the quadratic result."""
+    if stream_tokens is not None:
+        monkeypatch.setattr(linear_attention_module, "STREAM_TOKENS", stream_tokens)
+    q, k, v = qkv((2, 3, n, 6), 3, device)
+    cos, sin = generate_rope_embeddings(n, 6, device=device, dtype=F64)
     out = linear_attention(q, k, v, rope=(cos, sin), causal=True, chunk_size=chunk_size)
-    rotate = matrix_rotation(torch.arange(13), 6, "interleaved")
+    rotate = matrix_rotation(torch.arange(n), 6, "interleaved")
     expected = quadratic_linear_attention(q.cpu(), k.cpu(), v.cpu(), rotate=rotate, causal=True)
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-10, atol=1e-10)
 
