@@ -5,7 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 bash tests/apt_need.sh chromium chromium
-bash tests/apt_need.sh "${CC:-cc}" gcc
 "$BIN/ruff" check .
 BOOK_HTML=_build/html timeout 3000 "$BIN/python" -m pytest -q tests book \
   --nbval-lax --nbval-current-env --nbval-cell-timeout=300
