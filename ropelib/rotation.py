@@ -30,11 +30,13 @@ SHORT_TABLE_MODES = ("raise", "repeat_last")
 class _RotaryFunction(torch.autograd.Function):
     """y = R_Theta x with the backward g -> R_Theta^T g = R_{-Theta} g (and the grads of cos
     and sin when they require them). ``cos``, ``sin``: the selected rows; ``tables``: the
-    same rows prepared for ``path``."""
+    same rows prepared for ``path``. x is kept for the backward only when the grads of cos or
+    sin need it, so the rotation adds no activation memory in the usual training step."""
 
     @staticmethod
     def forward(ctx, x, cos, sin, layout, rotary_dim, path, tables):
-        ctx.save_for_backward(x, cos, sin)
+        tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        ctx.save_for_backward(x if tables_need_grad else None, cos, sin)
         ctx.layout, ctx.rotary_dim, ctx.path, ctx.tables = layout, rotary_dim, path, tables
         return kernels.rotate(x, tables, path, layout, rotary_dim)
 

@@ -78,6 +78,33 @@ def test_bfloat16_rounds_once_like_torch(layout):
     assert torch.equal(result[keep].view(torch.int16), expected[keep].view(torch.int16))
 
 
+def torch_float32_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
+                       ) -> torch.Tensor:
+    """The rotation in torch's float32 arithmetic, one rounding per multiply and add."""
+    h = x.shape[-1] // 2
+    a, b = (x[..., :h], x[..., h:]) if layout == "half" else (x[..., 0::2], x[..., 1::2])
+    first, second = a * cos - b * sin, a * sin + b * cos
+    return (torch.cat((first, second), -1) if layout == "half"
+            else torch.stack((first, second), -1).flatten(-2))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+def test_float32_bit_identical_to_torch_for_every_row_width(layout, in_place):
+    """Rows of 1 to 20 pairs (vector blocks of 8 pairs plus a scalar tail, or only a tail),
+    transposed views, in place or not: the same bits as torch's float32 operations."""
+    for dim in range(2, 42, 2):
+        x = torch.randn(2, 5, 3, dim).transpose(1, 2)
+        cos, sin = generate_rope_embeddings(5, dim)
+        expected = torch_float32_rope(x, cos, sin, layout)
+        if in_place:
+            result = x.clone()
+            apply_rope(result, cos, sin, layout=layout, out=result)
+        else:
+            result = apply_rope(x, cos, sin, layout=layout)
+        assert torch.equal(result, expected), f"head_dim={dim}"
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_threads_split_rows_without_changing_a_bit(layout):
     x = torch.randn(4, 8, 300, 64)

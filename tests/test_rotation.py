@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -321,6 +322,24 @@ def test_gradient_is_the_inverse_rotation():
     expected = torch.stack([rotation_matrix(ref[m], 8).T @ g[m] for m in range(3)])
     torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-12)
     assert math.isclose(float(x.grad.norm()), float(g.norm()), rel_tol=1e-12)
+
+
+def test_backward_keeps_x_only_when_the_tables_need_it():
+    """The input of the rotation (q or k before RoPE) is not held for the backward unless
+    the grads of cos/sin need it: no extra activation memory in a usual training step."""
+    cos, sin = generate_rope_embeddings(6, 8)
+    leaf = torch.randn(2, 6, 8, requires_grad=True)
+    for tables_need_grad in (False, True):
+        cos_, sin_ = cos.clone().requires_grad_(tables_need_grad), sin.clone()
+        x = leaf * 2.0  # an intermediate that only the rotation could keep alive
+        alive = weakref.ref(x)
+        y = apply_rope(x, cos_, sin_, layout="half")
+        del x
+        assert (alive() is not None) == tables_need_grad
+        y.sum().backward()
+        torch.testing.assert_close(leaf.grad, apply_rope(torch.ones_like(y), cos, -sin,
+                                                         layout="half") * 2.0)
+        leaf.grad = None
 
 
 # --------------------------------------------------------------------------- fast paths
