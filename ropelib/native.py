@@ -27,7 +27,9 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -122,23 +124,72 @@ def threaded() -> bool:
 
 
 def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
-    """Whether ``rotate`` applies: enabled, built, CPU, float32/float64/bfloat16, channels
+    """Whether ``rotate`` applies: ``active()``, CPU, float32/float64/bfloat16, channels
     contiguous (stride 1) in x and out, at most ``rope_max_dims()`` dims before the channels."""
-    if not (_enabled and x.is_cpu and x.dtype in DTYPES and x.stride(-1) == 1
-            and not x.is_neg() and (out is None or (out.stride(-1) == 1 and not out.is_neg()))):
+    if not (x.is_cpu and x.dtype in DTYPES and x.stride(-1) == 1 and not x.is_neg()
+            and (out is None or (out.stride(-1) == 1 and not out.is_neg())) and active()):
         return False
-    if torch.compiler.is_compiling():
-        return False
-    lib = _load()[0]
-    return lib is not None and x.ndim - 1 <= lib.max_dims
+    return x.ndim - 1 <= _load()[0].max_dims
+
+
+def active() -> bool:
+    """Enabled, built, and not inside torch.compile's tracing (which cannot trace a C call)."""
+    return _enabled and not torch.compiler.is_compiling() and _load()[0] is not None
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor like x; from 4 MiB on, asked to live on huge pages."""
-    out = torch.empty(x.shape, dtype=x.dtype)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     nbytes = out.numel() * out.element_size()
     if nbytes >= HUGE_PAGE_BYTES:
         _load()[0].rope_advise_huge_pages(out.data_ptr(), nbytes)
+    return out
+
+
+class Call(NamedTuple):
+    """One call of the kernel worked out for x of one shape and strides, out of given (or
+    contiguous) strides and fixed tables: all ``run`` still needs is x and out."""
+
+    fn: Callable[..., None]
+    ndim: int
+    dims: bytes
+    cos_ptr: int
+    sin_ptr: int
+    row_bytes: int
+    head_dim: int
+    rotary_dim: int
+    half_layout: int
+    max_threads: int
+
+
+def prepare_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 rotary_dim: int, out: torch.Tensor | None = None) -> Call:
+    """The ``Call`` for ``rotate``'s arguments (see there); x and out may change between runs
+    but not their shapes and strides, and cos and sin must stay alive and in place."""
+    out_strides = _contiguous_strides(x.shape) if out is None else out.stride()
+    key = (x.shape, x.stride(), out_strides, cos.shape, cos.stride())
+    dims = _DIMS.get(key)
+    if dims is None:
+        dims = _dims(x.shape, x.stride(), out_strides, cos)
+        if len(_DIMS) >= 256:
+            _DIMS.clear()
+        _DIMS[key] = dims
+    return Call(_load()[0].rope[x.dtype], x.ndim - 1, dims, cos.data_ptr(), sin.data_ptr(),
+                cos.stride(0) * cos.element_size(), x.shape[-1], rotary_dim,
+                int(layout == "half"), max(1, x.numel() // PARALLEL_ELEMENTS))
+
+
+def run(call: Call, x: torch.Tensor, out: torch.Tensor | None = None, first_row: int = 0
+        ) -> torch.Tensor:
+    """Run a prepared call on x (of the shape and strides it was prepared for) into out
+    (default: new, contiguous), starting at row ``first_row`` of a 2-D table."""
+    if out is None:
+        out = empty_like(x)
+    if x.numel():
+        skip = first_row * call.row_bytes
+        call.fn(x.data_ptr(), out.data_ptr(), call.cos_ptr + skip, call.sin_ptr + skip,
+                min(torch.get_num_threads(), call.max_threads), call.ndim, call.dims,
+                call.head_dim, call.rotary_dim, call.half_layout)
     return out
 
 
@@ -158,31 +209,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
             does not overlap x. Default: new.
         first_row: the table row of x's first position (with a 2-D table).
     """
-    if out is None:
-        out = empty_like(x)
-    numel = x.numel()
-    if numel == 0:
-        return out
-    key = (x.shape, x.stride(), out.stride(), cos.shape, cos.stride())
-    dims = _DIMS.get(key)
-    if dims is None:
-        dims = _dims(x, out, cos)
-        if len(_DIMS) >= 256:
-            _DIMS.clear()
-        _DIMS[key] = dims
-    threads = min(torch.get_num_threads(), max(1, numel // PARALLEL_ELEMENTS))
-    skip = first_row * cos.stride(0) * cos.element_size()
-    _load()[0].rope[x.dtype](x.data_ptr(), out.data_ptr(), cos.data_ptr() + skip,
-                             sin.data_ptr() + skip, threads, x.ndim - 1, dims, x.shape[-1],
-                             rotary_dim, int(layout == "half"))
-    return out
+    return run(prepare_call(x, cos, sin, layout, rotary_dim, out), x, out, first_row)
 
 
-def _dims(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor) -> bytes:
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _dims(shape: torch.Size, x_strides: tuple, out_strides: tuple, cos: torch.Tensor) -> bytes:
     """The leading dims' sizes, then x's, out's and the tables' strides, as int64s for C; a
     table's stride is 0 along the dims it broadcasts over (absent or of size 1)."""
-    lead = x.shape[:-1]
+    lead = shape[:-1]
     table_strides = [0] * (len(lead) - cos.ndim + 1) + [
         0 if n == 1 else st for n, st in zip(cos.shape[:-1], cos.stride()[:-1], strict=True)]
-    values = (*lead, *x.stride()[:-1], *out.stride()[:-1], *table_strides)
+    values = (*lead, *x_strides[:-1], *out_strides[:-1], *table_strides)
     return struct.pack(f"{len(values)}q", *values)

@@ -61,25 +61,43 @@ class _RotaryFunction(torch.autograd.Function):
         return grad_x, grad_cos, grad_sin, None, None, None, None
 
 
-def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str
-              ) -> tuple[torch.Tensor, ...]:
-    """``kernels.prepare_tables`` for a whole 2-D table, memoized on the table itself.
+MAX_MEMOIZED_CALLS = 64
 
-    The cache lives in an attribute of ``cos`` (so it dies with the table), remembers which
-    ``sin`` it was built with, and is dropped when either table is modified in place
-    (tensor version counters). Tables that require grad are never cached.
+
+def _table_memo(cos: torch.Tensor, sin: torch.Tensor) -> tuple[dict, dict] | None:
+    """Two dicts memoizing work on a 2-D table pair: prepared tables and kernel calls; None
+    for tables that require grad.
+
+    They live in an attribute of ``cos`` (so they die with the table), remember which ``sin``
+    they were made for, and are emptied when either table is modified in place (tensor
+    version counters).
     """
     if cos.requires_grad or sin.requires_grad:
-        return kernels.prepare_tables(cos, sin, path, dtype, layout)
+        return None
     versions = (cos._version, sin._version)
-    cache = getattr(cos, "_ropelib_prepared", None)
-    if cache is None or cache[0] is not sin or cache[1] != versions:
-        cache = (sin, versions, {})
-        cos._ropelib_prepared = cache
+    memo = getattr(cos, "_ropelib_memo", None)
+    if memo is None or memo[0] is not sin or memo[1] != versions:
+        memo = (sin, versions, {}, {})
+        cos._ropelib_memo = memo
+    return memo[2], memo[3]
+
+
+def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str
+              ) -> tuple[torch.Tensor, ...]:
+    """``kernels.prepare_tables`` for a whole 2-D table, memoized (``_table_memo``)."""
+    memo = _table_memo(cos, sin)
+    if memo is None:
+        return kernels.prepare_tables(cos, sin, path, dtype, layout)
     key = (path, dtype, layout)
-    if key not in cache[2]:
-        cache[2][key] = kernels.prepare_tables(cos, sin, path, dtype, layout)
-    return cache[2][key]
+    if key not in memo[0]:
+        memo[0][key] = kernels.prepare_tables(cos, sin, path, dtype, layout)
+    return memo[0][key]
+
+
+def _call_key(x: torch.Tensor, layout: str, rotary_dim: int | None, short_table: str) -> tuple:
+    """What a memoized kernel call (``native.Call``) on the tables depends on besides them and
+    the first position."""
+    return (x.shape, x.stride(), x.dtype, x.device, layout, rotary_dim, short_table)
 
 
 def _select_rows(table: torch.Tensor, name: str, x: torch.Tensor, positions, offset: int,
@@ -159,12 +177,22 @@ def apply_rope(
     Returns:
         A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
-    check_float_tensor("x", x)
-    if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     check_layout(layout)
     if short_table not in SHORT_TABLE_MODES:
         raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
+    if (out is None and positions is None and isinstance(x, torch.Tensor)
+            and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+            and type(offset) is int and (rotary_dim is None or type(rotary_dim) is int)):
+        # Fast path: a call like one checked before (same tables, x of the same shape, strides
+        # and dtype, same arguments, a first position the table has): its kernel call is kept.
+        memo = _table_memo(cos, sin)
+        found = memo and memo[1].get(_call_key(x, layout, rotary_dim, short_table))
+        if (found and 0 <= offset <= found[1] and not (x.requires_grad and torch.is_grad_enabled())
+                and not x.is_neg() and native.active()):
+            return native.run(found[0], x, first_row=offset)
+    check_float_tensor("x", x)
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     head_dim = x.shape[-1]
     rd = head_dim if rotary_dim is None else rotary_dim
     if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
@@ -200,7 +228,14 @@ def apply_rope(
         prepared = _prepared(cos, sin, path, x.dtype, layout)
         if (path == "native" and positions is None and not needs_grad
                 and offset + x.shape[-2] <= cos.shape[0]):
-            return native.rotate(x, *prepared, layout, rd, out, first_row=offset)
+            call = native.prepare_call(x, *prepared, layout, rd, out)
+            memo = _table_memo(cos, sin)
+            if out is None and memo is not None:
+                if len(memo[1]) >= MAX_MEMOIZED_CALLS:
+                    memo[1].clear()
+                memo[1][_call_key(x, layout, rotary_dim, short_table)] = (
+                    call, cos.shape[0] - x.shape[-2])  # (call, last first position it fits)
+            return native.run(call, x, out, first_row=offset)
         tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table) for t in prepared)
         if needs_grad:
             cos = _select_rows(cos, "cos", x, positions, offset, short_table)
@@ -237,9 +272,10 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
                                     or out.requires_grad):
         raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
                          "torch.no_grad() or drop out= to get gradients")
-    if any(stride == 0 and size > 1 for size, stride in zip(out.shape, out.stride(), strict=True)):
+    strides = out.stride()
+    if 0 in strides and any(st == 0 and n > 1 for n, st in zip(out.shape, strides, strict=True)):
         raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
-                         f"strides {tuple(out.stride())}, e.g. from expand); pass a buffer "
+                         f"strides {strides}, e.g. from expand); pass a buffer "
                          "made with torch.empty_like(x)")
     if _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
         raise ValueError("out shares memory with x but is not x itself (other strides or "

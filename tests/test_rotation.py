@@ -20,7 +20,7 @@ from reference import (
     thetas,
 )
 
-from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings
+from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings, kernels, native, rotation
 
 # Every test here runs twice: with the compiled CPU kernel and with the eager paths.
 pytestmark = pytest.mark.usefixtures("backend")
@@ -441,3 +441,48 @@ def test_memoized_tables_follow_the_tables(layout, dtype):
     torch.testing.assert_close(apply_rope(x, cos, other_sin, layout=layout), expected,
                                rtol=0, atol=0)
     assert not torch.equal(expected, apply_rope(x, cos, sin, layout=layout))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_memoized_calls_check_what_can_change(layout):
+    """A call like an earlier one reuses its kernel call; everything that may differ from the
+    earlier call is still checked: the first position, grad mode, the kernel switch."""
+    x = torch.randn(2, 3, 1, 8)
+    cos, sin = tables64(6, 8)
+    cos32, sin32 = cos.float(), sin.float()
+    for offset in range(6):  # decoding: one position at a time
+        result = apply_rope(x, cos32, sin32, layout=layout, offset=offset)
+        expected = rope_by_pairs(x.to(F64), ref_angles(1, 8, start=offset), layout)
+        torch.testing.assert_close(result.to(F64), expected, rtol=1e-6, atol=1e-6)
+    view = torch.randn(2, 1, 3, 8).transpose(1, 2)  # x's shape, other strides
+    torch.testing.assert_close(apply_rope(view, cos32, sin32, layout=layout, offset=4).to(F64),
+                               rope_by_pairs(view.to(F64), ref_angles(1, 8, start=4), layout),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="positions 6..6 need 7"):
+        apply_rope(x, cos32, sin32, layout=layout, offset=6)
+    with pytest.raises(ValueError, match="offset must be a non-negative int, got -1"):
+        apply_rope(x, cos32, sin32, layout=layout, offset=-1)
+    last = apply_rope(x, cos32, sin32, layout=layout, offset=9, short_table="repeat_last")
+    torch.testing.assert_close(last, apply_rope(x, cos32, sin32, layout=layout, offset=5))
+    xg = x.clone().requires_grad_()
+    y = apply_rope(xg, cos32, sin32, layout=layout, offset=2)
+    assert y.requires_grad
+    y.sum().backward()
+    assert xg.grad is not None
+    previous = native.set_enabled(False)
+    try:
+        assert kernels.choose_path(x, None, layout, 8) != "native"
+        eager = apply_rope(x, cos32, sin32, layout=layout, offset=3)
+    finally:
+        native.set_enabled(previous)
+    torch.testing.assert_close(eager, apply_rope(x, cos32, sin32, layout=layout, offset=3))
+
+
+def test_memoized_calls_are_bounded(backend):
+    """Prompts of every length: the kernel calls kept on a table stay few."""
+    cos, sin = generate_rope_embeddings(200, 8)
+    for seq in range(1, 200):
+        apply_rope(torch.randn(1, seq, 8), cos, sin)
+    memo = rotation._table_memo(cos, sin)
+    kept = len(memo[1])
+    assert kept <= rotation.MAX_MEMOIZED_CALLS and (kept > 0) == (backend == "native")
