@@ -49,11 +49,17 @@ def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool)
                 medians = bench.time_round_robin(cases, device, repeats=repeats)
                 print_table(f"forward, {layout}, {dtype}, {tuple(shape)}, {device}", medians,
                             bench.bytes_moved(x), compile_s)
-                medians = bench.time_round_robin(bench.backward_candidates(x, layout), device,
-                                                 repeats=repeats)
+                # each forward alone (recording autograd, as in training) in the same run
+                cases = {**bench.training_forward_candidates(x, layout),
+                         **bench.backward_candidates(x, layout)}
+                medians = bench.time_round_robin(cases, device, repeats=repeats)
                 medians["clone"] = medians.pop("clone fwd+bwd")
                 print_table(f"forward+backward, {layout}, {dtype}, {tuple(shape)}, {device}",
                             medians, bench.bytes_moved(x))
+                ratios = ", ".join(f"{name} {medians[f'{name} fwd+bwd'] / medians[f'{name} fwd']:.2f}"
+                                   for name in ("ropelib", *bench.PEERS[layout]))
+                ratios += f", clone {medians['clone'] / medians['clone fwd']:.2f}"
+                print(f"  fwd+bwd / fwd: {ratios}")
 
 
 def attention_table(device: torch.device, repeats: int) -> None:

@@ -135,13 +135,27 @@ def forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], o
     return cases
 
 
-def backward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
-    """Forward + backward of clone, ropelib and the layout's peers."""
+def _grad_forwards(x: torch.Tensor, layout: str
+                   ) -> tuple[torch.Tensor, dict[str, Callable[[], torch.Tensor]]]:
+    """A copy of x that requires grad, and the forwards of clone, ropelib and the layout's
+    peers on it."""
     cos, sin = generate_rope_embeddings(x.shape[-2], x.shape[-1], device=x.device)
     xg = x.detach().clone().requires_grad_(True)
-    grad = torch.randn_like(x)
     forward = {"clone": xg.clone, "ropelib": lambda: apply_rope(xg, cos, sin, layout=layout)}
     forward.update({name: _call(fn, args) for name, (fn, args) in _peers(xg, cos, sin, layout).items()})
+    return xg, forward
+
+
+def training_forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
+    """The forward pass alone of clone, ropelib and the peers, recording autograd as in
+    training (x requires grad): what ``backward_candidates`` adds a backward pass to."""
+    return {f"{name} fwd": fn for name, fn in _grad_forwards(x, layout)[1].items()}
+
+
+def backward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
+    """Forward + backward of clone, ropelib and the layout's peers."""
+    xg, forward = _grad_forwards(x, layout)
+    grad = torch.randn_like(x)
 
     def step(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
         def run() -> None:

@@ -1,0 +1,77 @@
+"""ropelib.bench: every candidate it times computes what its name says, and the timer's rules.
+
+The reference for every formulation is the explicit rotation in float64 (tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import angles, rope_by_pairs, thetas
+
+from ropelib import bench
+
+F64 = torch.float64
+LAYOUTS = ["interleaved", "half"]
+
+
+def expected_rotation(x: torch.Tensor, layout: str) -> torch.Tensor:
+    seq, dim = x.shape[-2:]
+    return rope_by_pairs(x.to(F64), angles(torch.arange(seq), thetas(dim)), layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_candidates_rotate_or_copy(layout):
+    x = torch.randn(2, 3, 16, 8)
+    cases = bench.forward_candidates(x, layout)
+    assert {"clone", "copy_", "ropelib", "ropelib out=", *bench.PEERS[layout]} <= set(cases)
+    expected = expected_rotation(x, layout)
+    for name, fn in cases.items():
+        if name.startswith("clone") or name == "copy_":
+            assert torch.equal(fn(), x), name
+        elif name != "ropelib in place":  # rotates its own scratch copy again on every call
+            torch.testing.assert_close(fn().to(F64), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_backward_and_training_forward_candidates(layout):
+    """Training forwards record autograd, every forward + backward runs, and the gradient
+    through ropelib and each peer is the inverse rotation of the incoming gradient."""
+    x = torch.randn(2, 3, 16, 8)
+    forwards = bench.training_forward_candidates(x, layout)
+    steps = bench.backward_candidates(x, layout)
+    names = ["clone", "ropelib", *bench.PEERS[layout]]
+    assert set(forwards) == {f"{n} fwd" for n in names}
+    assert set(steps) == {f"{n} fwd+bwd" for n in names}
+    for name in names:
+        y = forwards[f"{name} fwd"]()
+        assert y.requires_grad and y.shape == x.shape, name
+        steps[f"{name} fwd+bwd"]()
+    grad = torch.randn_like(x)
+    seq, dim = x.shape[-2:]
+    inverse = rope_by_pairs(grad.to(F64), -angles(torch.arange(seq), thetas(dim)), layout)
+    for name in names[1:]:
+        leaf, fns = bench._grad_forwards(x, layout)
+        fns[name]().backward(grad)
+        torch.testing.assert_close(leaf.grad.to(F64), inverse, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_time_round_robin_medians_and_arguments():
+    calls = {"a": 0, "b": 0}
+
+    def count(name):
+        def fn():
+            calls[name] += 1
+        return fn
+
+    medians = bench.time_round_robin({"a": count("a"), "b": count("b")}, torch.device("cpu"),
+                                     repeats=3, warmup=1, min_sample_s=0)
+    assert set(medians) == {"a", "b"} and all(t > 0 for t in medians.values())
+    assert calls == {"a": 1 + 1 + 3, "b": 1 + 1 + 3}  # warm-up, the sizing call, the samples
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        bench.time_round_robin({"a": count("a")}, torch.device("cpu"), repeats=0)
+
+
+def test_bytes_moved_is_a_read_and_a_write():
+    assert bench.bytes_moved(torch.zeros(4, 8)) == 2 * 32 * 4
+    assert bench.bytes_moved(torch.zeros(4, 8, dtype=torch.bfloat16)) == 2 * 32 * 2
