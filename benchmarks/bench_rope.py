@@ -59,6 +59,8 @@ def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool)
                 ratios = ", ".join(f"{name} {medians[f'{name} fwd+bwd'] / medians[f'{name} fwd']:.2f}"
                                    for name in ("ropelib", *bench.PEERS[layout]))
                 ratios += f", clone {medians['clone'] / medians['clone fwd']:.2f}"
+                ratios += (", autograd floor "
+                           f"{medians['autograd floor fwd+bwd'] / medians['autograd floor fwd']:.2f}")
                 print(f"  fwd+bwd / fwd: {ratios}")
 
 

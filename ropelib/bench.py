@@ -135,25 +135,40 @@ def forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], o
     return cases
 
 
+class AutogradFloor(torch.autograd.Function):
+    """A Python autograd node that computes nothing: its forward allocates the output and its
+    backward allocates the gradient. Its forward+backward time is the fixed cost any such
+    node (ropelib's rotation included) pays, which dominates at small shapes."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty_like(grad)
+
+
 def _grad_forwards(x: torch.Tensor, layout: str
                    ) -> tuple[torch.Tensor, dict[str, Callable[[], torch.Tensor]]]:
-    """A copy of x that requires grad, and the forwards of clone, ropelib and the layout's
-    peers on it."""
+    """A copy of x that requires grad, and the forwards of clone, the autograd floor, ropelib
+    and the layout's peers on it."""
     cos, sin = generate_rope_embeddings(x.shape[-2], x.shape[-1], device=x.device)
     xg = x.detach().clone().requires_grad_(True)
-    forward = {"clone": xg.clone, "ropelib": lambda: apply_rope(xg, cos, sin, layout=layout)}
+    forward = {"clone": xg.clone, "autograd floor": lambda: AutogradFloor.apply(xg),
+               "ropelib": lambda: apply_rope(xg, cos, sin, layout=layout)}
     forward.update({name: _call(fn, args) for name, (fn, args) in _peers(xg, cos, sin, layout).items()})
     return xg, forward
 
 
 def training_forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
-    """The forward pass alone of clone, ropelib and the peers, recording autograd as in
-    training (x requires grad): what ``backward_candidates`` adds a backward pass to."""
+    """The forward pass alone of clone, the autograd floor, ropelib and the peers, recording
+    autograd as in training (x requires grad): what ``backward_candidates`` adds a backward pass to."""
     return {f"{name} fwd": fn for name, fn in _grad_forwards(x, layout)[1].items()}
 
 
 def backward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
-    """Forward + backward of clone, ropelib and the layout's peers."""
+    """Forward + backward of clone, the autograd floor, ropelib and the layout's peers."""
     xg, forward = _grad_forwards(x, layout)
     grad = torch.randn_like(x)
 

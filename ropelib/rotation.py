@@ -61,6 +61,34 @@ class _RotaryFunction(torch.autograd.Function):
         return grad_x, grad_cos, grad_sin, None, None, None, None
 
 
+class _TableRotation(torch.autograd.Function):
+    """The compiled kernel on rows ``first_row, first_row + 1, ...`` of whole 2-D tables that do
+    not require grad, through calls memoized on the tables (``_table_memo``): y = R_Theta x, and
+    the backward is the same kernel with the inverse tables (sin negated, memoized too)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, call, first_row, layout, rotary_dim, short_table):
+        ctx.save_for_backward(cos, sin)  # so that editing a table before backward raises
+        ctx.first_row, ctx.layout, ctx.rotary_dim = first_row, layout, rotary_dim
+        ctx.short_table = short_table
+        return native.run(call, x, first_row=first_row)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        first_row, layout, rotary_dim = ctx.first_row, ctx.layout, ctx.rotary_dim
+        if torch.is_grad_enabled() or not native.supports(grad, None):
+            # create_graph=True (the gradient is differentiated too), or a gradient the kernel
+            # cannot take (e.g. its channels are not contiguous): the general path
+            rows = slice(first_row, first_row + grad.shape[-2])
+            grad_x = apply_rope(grad, cos[rows], -sin[rows], layout=layout, rotary_dim=rotary_dim)
+        else:
+            call = _memoized_call(grad, cos, sin, layout, rotary_dim, ctx.short_table,
+                                  inverse=True)[0]
+            grad_x = native.run(call, grad, first_row=first_row)
+        return grad_x, None, None, None, None, None, None, None
+
+
 MAX_MEMOIZED_CALLS = 64
 
 
@@ -82,22 +110,57 @@ def _table_memo(cos: torch.Tensor, sin: torch.Tensor) -> tuple[dict, dict] | Non
     return memo[2], memo[3]
 
 
-def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str
-              ) -> tuple[torch.Tensor, ...]:
-    """``kernels.prepare_tables`` for a whole 2-D table, memoized (``_table_memo``)."""
+def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str,
+              inverse: bool = False) -> tuple[torch.Tensor, ...]:
+    """``kernels.prepare_tables`` for a whole 2-D table, or with ``inverse`` its
+    ``kernels.inverse_tables``; memoized (``_table_memo``)."""
     memo = _table_memo(cos, sin)
-    if memo is None:
-        return kernels.prepare_tables(cos, sin, path, dtype, layout)
-    key = (path, dtype, layout)
-    if key not in memo[0]:
-        memo[0][key] = kernels.prepare_tables(cos, sin, path, dtype, layout)
-    return memo[0][key]
+    key = (path, dtype, layout, inverse)
+    if memo is not None and key in memo[0]:
+        return memo[0][key]
+    if inverse:
+        tables = kernels.inverse_tables(_prepared(cos, sin, path, dtype, layout), path)
+    else:
+        tables = kernels.prepare_tables(cos, sin, path, dtype, layout)
+    if memo is not None:
+        memo[0][key] = tables
+    return tables
 
 
-def _call_key(x: torch.Tensor, layout: str, rotary_dim: int | None, short_table: str) -> tuple:
+def _call_key(x: torch.Tensor, layout: str, rotary_dim: int | None, short_table: str,
+              inverse: bool = False) -> tuple:
     """What a memoized kernel call (``native.Call``) on the tables depends on besides them and
     the first position."""
-    return (x.shape, x.stride(), x.dtype, x.device, layout, rotary_dim, short_table)
+    return (x.shape, x.stride(), x.dtype, x.device, layout, rotary_dim, short_table, inverse)
+
+
+def _memoized_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                   rotary_dim: int | None, short_table: str, inverse: bool = False
+                   ) -> tuple[native.Call, int]:
+    """The kernel call rotating x (by -Theta with ``inverse``) with rows of the whole 2-D
+    tables, and the last first row it fits; memoized on tables that do not require grad, at
+    most ``MAX_MEMOIZED_CALLS`` of them. x: ``native.supports(x, None)``."""
+    memo = _table_memo(cos, sin)
+    key = _call_key(x, layout, rotary_dim, short_table, inverse)
+    found = memo[1].get(key)
+    if found is None:
+        tables = _prepared(cos, sin, "native", x.dtype, layout, inverse)
+        rd = x.shape[-1] if rotary_dim is None else rotary_dim
+        found = native.prepare_call(x, *tables, layout, rd), cos.shape[0] - x.shape[-2]
+        if len(memo[1]) >= MAX_MEMOIZED_CALLS:
+            memo[1].clear()
+        memo[1][key] = found
+    return found
+
+
+def _run_memoized(call: native.Call, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  first_row: int, layout: str, rotary_dim: int | None, short_table: str
+                  ) -> torch.Tensor:
+    """x rotated by a call from ``_memoized_call`` from table row ``first_row`` on; recorded
+    for autograd when x requires grad."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return _TableRotation.apply(x, cos, sin, call, first_row, layout, rotary_dim, short_table)
+    return native.run(call, x, first_row=first_row)
 
 
 def _select_rows(table: torch.Tensor, name: str, x: torch.Tensor, positions, offset: int,
@@ -187,9 +250,8 @@ def apply_rope(
         # and dtype, same arguments, a first position the table has): its kernel call is kept.
         memo = _table_memo(cos, sin)
         found = memo and memo[1].get(_call_key(x, layout, rotary_dim, short_table))
-        if (found and 0 <= offset <= found[1] and not (x.requires_grad and torch.is_grad_enabled())
-                and not x.is_neg() and native.active()):
-            return native.run(found[0], x, first_row=offset)
+        if found and 0 <= offset <= found[1] and not x.is_neg() and native.active():
+            return _run_memoized(found[0], x, cos, sin, offset, layout, rotary_dim, short_table)
     check_float_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
@@ -226,16 +288,12 @@ def apply_rope(
         if positions is not None:
             _check_positions(positions, x, offset, cos.shape[0], short_table)
         prepared = _prepared(cos, sin, path, x.dtype, layout)
-        if (path == "native" and positions is None and not needs_grad
-                and offset + x.shape[-2] <= cos.shape[0]):
-            call = native.prepare_call(x, *prepared, layout, rd, out)
-            memo = _table_memo(cos, sin)
-            if out is None and memo is not None:
-                if len(memo[1]) >= MAX_MEMOIZED_CALLS:
-                    memo[1].clear()
-                memo[1][_call_key(x, layout, rotary_dim, short_table)] = (
-                    call, cos.shape[0] - x.shape[-2])  # (call, last first position it fits)
-            return native.run(call, x, out, first_row=offset)
+        if path == "native" and positions is None and offset + x.shape[-2] <= cos.shape[0]:
+            if out is None and _table_memo(cos, sin) is not None:
+                call = _memoized_call(x, cos, sin, layout, rotary_dim, short_table)[0]
+                return _run_memoized(call, x, cos, sin, offset, layout, rotary_dim, short_table)
+            if not needs_grad:
+                return native.rotate(x, *prepared, layout, rd, out, first_row=offset)
         tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table) for t in prepared)
         if needs_grad:
             cos = _select_rows(cos, "cos", x, positions, offset, short_table)

@@ -40,7 +40,7 @@ def test_backward_and_training_forward_candidates(layout):
     x = torch.randn(2, 3, 16, 8)
     forwards = bench.training_forward_candidates(x, layout)
     steps = bench.backward_candidates(x, layout)
-    names = ["clone", "ropelib", *bench.PEERS[layout]]
+    names = ["clone", "autograd floor", "ropelib", *bench.PEERS[layout]]
     assert set(forwards) == {f"{n} fwd" for n in names}
     assert set(steps) == {f"{n} fwd+bwd" for n in names}
     for name in names:
@@ -48,9 +48,12 @@ def test_backward_and_training_forward_candidates(layout):
         assert y.requires_grad and y.shape == x.shape, name
         steps[f"{name} fwd+bwd"]()
     grad = torch.randn_like(x)
+    leaf, fns = bench._grad_forwards(x, layout)
+    fns["autograd floor"]().backward(grad)
+    assert leaf.grad.shape == x.shape  # the floor's gradient is uninitialized memory
     seq, dim = x.shape[-2:]
     inverse = rope_by_pairs(grad.to(F64), -angles(torch.arange(seq), thetas(dim)), layout)
-    for name in names[1:]:
+    for name in names[2:]:
         leaf, fns = bench._grad_forwards(x, layout)
         fns[name]().backward(grad)
         torch.testing.assert_close(leaf.grad.to(F64), inverse, rtol=1e-5, atol=1e-5, msg=name)

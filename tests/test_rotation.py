@@ -324,6 +324,44 @@ def test_gradient_is_the_inverse_rotation():
     assert math.isclose(float(x.grad.norm()), float(g.norm()), rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_gradients_with_constant_tables(layout, rotary_dim, device):
+    """The usual training step: only x requires grad, the 2-D tables are constants (the
+    kernel's memoized calls on CPU). Checked against finite differences, twice differentiated,
+    and against the float64 inverse rotation for gradients of other strides, first call and
+    memoized call alike."""
+    rd = rotary_dim or 6
+    x = torch.randn(2, 3, 6, dtype=F64, device=device, requires_grad=True)
+    cos, sin = tables64(5, rd, device=device)
+
+    def f(x):
+        return apply_rope(x, cos, sin, layout=layout, rotary_dim=rotary_dim, offset=2)
+
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))
+    contiguous = torch.randn(2, 3, 6, dtype=F64, device=device)
+    transposed = torch.randn(3, 2, 6, dtype=F64, device=device).transpose(0, 1)
+    no_channel_stride = torch.randn(2, 3, 1, dtype=F64, device=device).expand(2, 3, 6)
+    for g in (contiguous, transposed, transposed, no_channel_stride):
+        x.grad = None
+        f(x).backward(g)
+        expected = rope_by_pairs(g[..., :rd], -ref_angles(3, rd, start=2), layout)
+        expected = torch.cat((expected, g[..., rd:].cpu()), -1)
+        torch.testing.assert_close(x.grad.cpu(), expected, rtol=0, atol=1e-12)
+
+
+def test_editing_a_table_before_backward_raises():
+    """The backward rotates by the tables of the forward: a table changed in between is an
+    error, not a silently wrong gradient."""
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    cos, sin = generate_rope_embeddings(4, 8)
+    y = apply_rope(x, cos, sin)
+    sin.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_backward_keeps_x_only_when_the_tables_need_it():
     """The input of the rotation (q or k before RoPE) is not held for the backward unless
     the grads of cos/sin need it: no extra activation memory in a usual training step."""
