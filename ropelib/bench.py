@@ -138,7 +138,7 @@ def forward_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], o
 class AutogradFloor(torch.autograd.Function):
     """A Python autograd node that computes nothing: its forward allocates the output and its
     backward allocates the gradient. Its forward+backward time is the fixed cost any such
-    node (ropelib's rotation included) pays, which dominates at small shapes."""
+    node (ropelib's rotation included) pays, and it weighs most at small shapes."""
 
     @staticmethod
     def forward(ctx, x):
