@@ -104,18 +104,74 @@ static inline int64_t f32_interleaved_blocks(const float *x, float *o, const flo
     return i;
 }
 #define F32_BLOCKS f32_interleaved_blocks
+
+/* The first pairs of a bfloat16 half row done in blocks of 16: the 16 values of a (and of b)
+ * widen to two float32 vectors by interleaving zeros below them, which puts the pairs in the
+ * order (0-3, 8-11) and (4-7, 12-15), the tables are read in that order too, and picking the
+ * high 16 bits of the rounded results restores the order. The same rounding as bf16_store, on
+ * all 32 bits: add 0x7fff plus the lowest kept bit, NaNs to 0x7fc0. So the same bits as the
+ * scalar loop, and out may be x. */
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+/* o[0..15] = the 16 results in lo (pairs 0-3, 8-11) and hi (4-7, 12-15), rounded to bfloat16.
+ * Vectors are passed by address: as arguments they would change the ABI between the builds. */
+static inline void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi) {
+    u32x8 u = (u32x8)*lo, v = (u32x8)*hi;
+    u32x8 nan_u = (u32x8)(*lo != *lo), nan_v = (u32x8)(*hi != *hi);
+    u = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan_u) | (0x7fc00000u & nan_u);
+    v = ((v + 0x7fffu + ((v >> 16) & 1u)) & ~nan_v) | (0x7fc00000u & nan_v);
+    u16x16 packed = __builtin_shufflevector((u16x16)u, (u16x16)v, 1, 3, 5, 7, 17, 19, 21, 23,
+                                            9, 11, 13, 15, 25, 27, 29, 31);
+    memcpy(o, &packed, sizeof packed);
+}
+
+static inline int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float *c,
+                                       const float *s, int64_t h) {
+    const u16x16 zero = {0};
+    int64_t i = 0;
+    for (; i + 16 <= h; i += 16) {
+        u16x16 va, vb;
+        f32x8 c0, c1, s0, s1;
+        memcpy(&va, x + i, sizeof va);
+        memcpy(&vb, x + i + h, sizeof vb);
+        memcpy(&c0, c + i, sizeof c0);
+        memcpy(&c1, c + i + 8, sizeof c1);
+        memcpy(&s0, s + i, sizeof s0);
+        memcpy(&s1, s + i + 8, sizeof s1);
+        f32x8 a0 = (f32x8)__builtin_shufflevector(zero, va, 0, 16, 1, 17, 2, 18, 3, 19,
+                                                  8, 24, 9, 25, 10, 26, 11, 27);
+        f32x8 a1 = (f32x8)__builtin_shufflevector(zero, va, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                  12, 28, 13, 29, 14, 30, 15, 31);
+        f32x8 b0 = (f32x8)__builtin_shufflevector(zero, vb, 0, 16, 1, 17, 2, 18, 3, 19,
+                                                  8, 24, 9, 25, 10, 26, 11, 27);
+        f32x8 b1 = (f32x8)__builtin_shufflevector(zero, vb, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                  12, 28, 13, 29, 14, 30, 15, 31);
+        f32x8 cp0 = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 8, 9, 10, 11);
+        f32x8 cp1 = __builtin_shufflevector(c0, c1, 4, 5, 6, 7, 12, 13, 14, 15);
+        f32x8 sp0 = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 8, 9, 10, 11);
+        f32x8 sp1 = __builtin_shufflevector(s0, s1, 4, 5, 6, 7, 12, 13, 14, 15);
+        f32x8 na0 = a0 * cp0 - b0 * sp0, na1 = a1 * cp1 - b1 * sp1;
+        f32x8 nb0 = a0 * sp0 + b0 * cp0, nb1 = a1 * sp1 + b1 * cp1;
+        bf16_round_store(o + i, &na0, &na1);
+        bf16_round_store(o + i + h, &nb0, &nb1);
+    }
+    return i;
+}
+#define BF16_HALF_BLOCKS bf16_half_blocks
 #else
 #define F32_BLOCKS NO_BLOCKS
+#define BF16_HALF_BLOCKS NO_BLOCKS
 #endif
 #define NO_BLOCKS(x, o, c, s, h) 0
 
 /* The pair loops of one row, for `half` pairs (i, i + h) and `interleaved` pairs (2i, 2i + 1):
- * out of place (restrict: out does not overlap x) and in place; BLOCKS does a prefix of an
- * interleaved row. */
-#define DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, BLOCKS)                          \
+ * out of place (restrict: out does not overlap x) and in place; HBLOCKS and IBLOCKS do a
+ * prefix of a half and of an interleaved row. */
+#define DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
 static inline void NAME##_half(const T *restrict x, T *restrict o, const ACC *restrict c,     \
                                const ACC *restrict s, int64_t h) {                             \
-    for (int64_t i = 0; i < h; i++) {                                                          \
+    for (int64_t i = HBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
         o[i] = STORE(a * c[i] - b * s[i]);                                                     \
         o[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
@@ -123,7 +179,7 @@ static inline void NAME##_half(const T *restrict x, T *restrict o, const ACC *re
 }                                                                                              \
 static inline void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *restrict s,   \
                                         int64_t h) {                                           \
-    for (int64_t i = 0; i < h; i++) {                                                          \
+    for (int64_t i = HBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
         x[i] = STORE(a * c[i] - b * s[i]);                                                     \
         x[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
@@ -131,14 +187,14 @@ static inline void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *
 }                                                                                              \
 static inline void NAME##_interleaved(const T *restrict x, T *restrict o, const ACC *restrict c, \
                                       const ACC *restrict s, int64_t h) {                      \
-    for (int64_t i = BLOCKS(x, o, c, s, h); i < h; i++) {                                      \
+    for (int64_t i = IBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
         PSTORE(STORE, o + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
     }                                                                                          \
 }                                                                                              \
 static inline void NAME##_interleaved_in_place(T *x, const ACC *restrict c,                   \
                                                const ACC *restrict s, int64_t h) {             \
-    for (int64_t i = BLOCKS(x, x, c, s, h); i < h; i++) {                                      \
+    for (int64_t i = IBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
         PSTORE(STORE, x + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
     }                                                                                          \
@@ -190,8 +246,8 @@ static ROPE_TARGETS void NAME##_range(                                          
 
 /* The entry point: all rows of x, split over `threads` threads. `dims` holds, for the ndim
  * leading dims, their sizes, then x's strides, out's strides and the tables' strides. */
-#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, BLOCKS)                          \
-DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, BLOCKS)                                  \
+#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
+DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                        \
 DEFINE_RANGE(NAME, T, ACC)                                                                     \
 void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,            \
           int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
@@ -223,10 +279,10 @@ int64_t rope_threaded(void) {
 #endif
 }
 
-DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, F32_BLOCKS)
-DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS)
+DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, F32_BLOCKS)
+DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, NO_BLOCKS)
 DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE,
-            NO_BLOCKS)
+            BF16_HALF_BLOCKS, NO_BLOCKS)
 
 /* Ask for transparent huge pages on the 2 MiB-aligned part of a fresh buffer, before it is
  * first touched: one page fault per 2 MiB instead of per 4 KiB. Advice only; 0 on success. */

@@ -59,25 +59,6 @@ def test_transposed_view_broadcast_positions_and_partial_rotation(layout, dtype)
         torch.testing.assert_close(result[b].to(F64), expected, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_bfloat16_rounds_once_like_torch(layout):
-    """bf16 in, float32 arithmetic, one rounding: bit-identical to torch doing the same float32
-    operations and rounding with .to(bfloat16); NaN, inf and overflow included."""
-    x = (torch.randn(2, 3, 64, 32) * 100).to(torch.bfloat16)
-    x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.3e38])
-    cos, sin = generate_rope_embeddings(64, 32)
-    result = apply_rope(x, cos, sin, layout=layout)
-    xf = x.float()
-    h = 16
-    a, b = (xf[..., :h], xf[..., h:]) if layout == "half" else (xf[..., 0::2], xf[..., 1::2])
-    first, second = a * cos - b * sin, a * sin + b * cos
-    expected = (torch.cat((first, second), -1) if layout == "half"
-                else torch.stack((first, second), -1).flatten(-2)).to(torch.bfloat16)
-    assert expected.isnan().any() and torch.equal(result.isnan(), expected.isnan())
-    keep = ~expected.isnan()  # NaN payloads differ between torch's own scalar and vector paths
-    assert torch.equal(result[keep].view(torch.int16), expected[keep].view(torch.int16))
-
-
 def torch_float32_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
                        ) -> torch.Tensor:
     """The rotation in torch's float32 arithmetic, one rounding per multiply and add."""
@@ -86,6 +67,35 @@ def torch_float32_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, la
     first, second = a * cos - b * sin, a * sin + b * cos
     return (torch.cat((first, second), -1) if layout == "half"
             else torch.stack((first, second), -1).flatten(-2))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+def test_bfloat16_rounds_once_like_torch(layout, in_place):
+    """bf16 in, float32 arithmetic, one rounding: bit-identical to torch doing the same float32
+    operations and rounding with .to(bfloat16), for rows of 1 to 40 pairs (vector blocks of 16
+    pairs plus a scalar tail, or only a tail) and transposed views. The inputs are random bit
+    patterns, and one row cycles through NaN, inf, -inf, the largest finite value, a negative
+    NaN and the smallest subnormal, in every channel; every NaN comes out as 0x7fc0."""
+    torch.manual_seed(0)
+    specials = torch.tensor([0x7fc0, 0x7f80, 0xff80, 0x7f7f, 0xffff, 0x0001]).to(torch.int16)
+    for dim in range(2, 82, 2):
+        bits = torch.randint(-2**15, 2**15, (2, 7, 3, dim), dtype=torch.int16)
+        bits[0, 3, 1] = specials.repeat(dim)[:dim].roll(dim // 2)
+        x = bits.view(torch.bfloat16).transpose(1, 2)
+        cos, sin = generate_rope_embeddings(7, dim)
+        expected = torch_float32_rope(x.float(), cos, sin, layout)
+        if in_place:
+            result = x.clone()
+            apply_rope(result, cos, sin, layout=layout, out=result)
+        else:
+            result = apply_rope(x, cos, sin, layout=layout)
+        nan = expected.isnan()
+        assert nan.any() and (~nan).any(), f"head_dim={dim}"
+        assert torch.equal(result.isnan(), nan), f"head_dim={dim}"
+        assert torch.equal(result[~nan].view(torch.int16),
+                           expected[~nan].to(torch.bfloat16).view(torch.int16)), f"head_dim={dim}"
+        assert (result[nan].view(torch.int16) == 0x7fc0).all(), f"head_dim={dim}"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
