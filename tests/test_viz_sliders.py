@@ -27,6 +27,24 @@ def test_scrubber_embeds_one_frame_per_value_and_needs_no_network():
     assert "fa fa-" not in html and 'title="Next frame"' in html
 
 
+def test_every_control_is_a_drawn_shape_not_a_font_symbol():
+    """The buttons hold inline SVG paths (no font can lack them) and no non-ASCII symbol:
+    U+23EE/U+23ED (first/last frame) showed as empty boxes with common fonts."""
+    html = scrubber(draw_line, "slope", [0.0, 1.0], alt="two lines").data
+    buttons = re.findall(r'<button title="([^"]+)"[^>]*>(.*?)</button>', html, re.S)
+    assert [title for title, _ in buttons] == [
+        "Decrease speed", "First frame", "Previous frame", "Play backwards", "Pause", "Play",
+        "Next frame", "Last frame", "Increase speed"]
+    paths = []
+    for title, inner in buttons:
+        found = re.fullmatch(r'\s*<svg viewBox="0 0 16 16"[^>]*><path d="([^"]+)"/></svg>',
+                             inner)
+        assert found, f"{title}: {inner!r} is not one drawn shape"
+        paths.append(found.group(1))
+    assert len(set(paths)) == len(paths), "two buttons look alike"
+    assert html.isascii(), "a non-ASCII symbol is left in the controls"
+
+
 def test_scrubber_frames_differ_with_the_parameter():
     html = scrubber(draw_line, "slope", [0.0, 3.0], alt="two lines").data
     first, second = re.findall(r'data:image/png;base64,([^"]+)"', html)

@@ -44,18 +44,27 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
                                                f'<img alt="{escape(alt)}" id="_anim_img', 1))
 
 
-_ICONS = {"fa fa-minus": "\u2212", "fa fa-fast-backward": "\u23ee", "fa fa-step-backward": "\u25c0",
-          "fa fa-play fa-flip-horizontal": "\u25c1", "fa fa-pause": "\u275a\u275a",
-          "fa fa-play": "\u25b7", "fa fa-step-forward": "\u25b6", "fa fa-fast-forward": "\u23ed",
-          "fa fa-plus": "+"}
+# Font Awesome icon -> SVG path (16 x 16 box). Drawn shapes need no font: Unicode media
+# symbols such as U+23EE are missing from common fonts and show as empty boxes.
+_ICONS = {"fa fa-minus": "M3 7h10v2H3z",
+          "fa fa-fast-backward": "M1 3h2v10H1zM9 3v10L3.5 8zM15 3v10L9.5 8z",
+          "fa fa-step-backward": "M2 3h2v10H2zM14 3v10L5 8z",
+          "fa fa-play fa-flip-horizontal": "M13 3v10L3 8z",
+          "fa fa-pause": "M4 3h3v10H4zM9 3h3v10H9z",
+          "fa fa-play": "M3 3v10l10-5z",
+          "fa fa-step-forward": "M12 3h2v10h-2zM2 3v10l9-5z",
+          "fa fa-fast-forward": "M13 3h2v10h-2zM1 3v10l5.5-5zM7 3v10l5.5-5z",
+          "fa fa-plus": "M3 7h10v2H3zM7 3h2v10H7z"}
 
 
 def offline_controls(html: str) -> str:
     """matplotlib's jshtml with its Font Awesome stylesheet (a CDN link) removed and each
-    icon replaced by a Unicode symbol, so the controls show with no network."""
+    icon drawn as an inline SVG shape, so the controls show with no network and no font."""
     html = re.sub(r'<link[^>]*font-awesome[^>]*>', "", html)
-    for css_class, symbol in _ICONS.items():
-        html = html.replace(f'<i class="{css_class}"></i>', symbol)
+    for css_class, path in _ICONS.items():
+        svg = ('<svg viewBox="0 0 16 16" width="1em" height="1em" aria-hidden="true" '
+               f'fill="currentColor"><path d="{path}"/></svg>')
+        html = html.replace(f'<i class="{css_class}"></i>', svg)
     return html
 
 
