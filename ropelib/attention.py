@@ -21,29 +21,112 @@ class KVCache:
     Pass one instance to successive ``forward`` calls of one layer; each call appends its new
     keys and values and attends over all of them. The next token's position (``offset``)
     defaults to ``length``.
+
+    The keys and values live in preallocated buffers ``(batch, kv_heads, capacity, head_dim)``;
+    ``key`` and ``value`` are views of their first ``length`` positions. An update writes only
+    its new positions. When they do not fit, the buffers grow to at least twice their capacity,
+    so decoding n tokens one at a time copies fewer than 2n cached positions in all (appending
+    with ``torch.cat`` copies the whole cache at every step, about n^2 / 2 positions). While
+    autograd records (keys that require grad, with grad enabled) an update concatenates
+    instead: a write into the buffer would invalidate the views saved for the backward.
+
+    Args:
+        capacity: positions to reserve at the first update (default: that update's length).
+            Reserve the longest sequence you will decode and the buffers never grow.
     """
 
-    def __init__(self) -> None:
-        self.key: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < 1):
+            raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
+        self._reserve = capacity or 0
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
 
     @property
     def length(self) -> int:
-        return 0 if self.key is None else self.key.shape[-2]
+        """Positions cached so far."""
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold before they must grow (0 before the first update)."""
+        return 0 if self._key_buffer is None else self._key_buffer.shape[-2]
+
+    @property
+    def key(self) -> torch.Tensor | None:
+        """Cached keys ``(batch, kv_heads, length, head_dim)`` (a view of the buffer), or None."""
+        return None if self._key_buffer is None else self._key_buffer[..., :self._length, :]
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        """Cached values ``(batch, kv_heads, length, head_dim)`` (a view of the buffer), or None."""
+        return None if self._value_buffer is None else self._value_buffer[..., :self._length, :]
+
+    def _check(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        for name, new, cached in (("key", key, self.key), ("value", value, self.value)):
+            if not isinstance(new, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(new).__name__}")
+            if new.ndim != 4:
+                raise ValueError(f"{name} must have shape (batch, kv_heads, new, head_dim), got "
+                                 f"{tuple(new.shape)}")
+            if cached is None:
+                continue
+            if new.shape[:2] != cached.shape[:2] or new.shape[-1] != cached.shape[-1]:
+                raise ValueError(f"new {name}s of shape {tuple(new.shape)} do not extend the cached "
+                                 f"{name}s of shape {tuple(cached.shape)} (expected "
+                                 f"({cached.shape[0]}, {cached.shape[1]}, new, "
+                                 f"{cached.shape[-1]}))")
+            if new.dtype != cached.dtype or new.device != cached.device:
+                raise ValueError(f"new {name}s are {new.dtype} on {new.device} but the cached "
+                                 f"{name}s are {cached.dtype} on {cached.device}; convert them "
+                                 f"with .to(dtype={cached.dtype}, device='{cached.device}')")
+        if key.shape[:3] != value.shape[:3]:
+            raise ValueError(f"key and value must share (batch, kv_heads, new), got "
+                             f"{tuple(key.shape)} and {tuple(value.shape)}")
+
+    def _writable(self, end: int) -> bool:
+        """Whether positions up to ``end`` can be written into the current buffers in place."""
+        buffer = self._key_buffer
+        return (buffer is not None and end <= buffer.shape[-2]
+                and not (buffer.requires_grad or self._value_buffer.requires_grad)
+                and not (buffer.is_inference() and not torch.is_inference_mode_enabled()))
+
+    def _grow(self, end: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """New buffers for at least ``end`` positions, holding the cached ones."""
+        capacity = max(end, 2 * self.capacity, self._reserve)
+        buffers = []
+        for new, cached in ((key, self.key), (value, self.value)):
+            buffer = new.new_empty(new.shape[:2] + (capacity, new.shape[-1]))
+            if cached is not None:
+                buffer[..., :self._length, :].copy_(cached)
+            buffers.append(buffer)
+        self._key_buffer, self._value_buffer = buffers
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache."""
-        if self.key is not None:
-            if key.shape[:2] != self.key.shape[:2] or key.shape[-1] != self.key.shape[-1]:
-                raise ValueError(f"new keys of shape {tuple(key.shape)} do not extend the cached "
-                                 f"keys of shape {tuple(self.key.shape)}")
-            key = torch.cat([self.key, key], dim=-2)
-            value = torch.cat([self.value, value], dim=-2)
-        self.key, self.value = key, value
-        return key, value
+        """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache,
+        ``(batch, kv_heads, length, head_dim)`` each (views of the buffers)."""
+        self._check(key, value)
+        start, end = self._length, self._length + key.shape[-2]
+        tensors = (key, value, self._key_buffer, self._value_buffer)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            cached = (self.key, self.value)
+            self._key_buffer, self._value_buffer = (
+                new if old is None else torch.cat([old, new], dim=-2)
+                for old, new in zip(cached, (key, value), strict=True))
+        elif end > start or self._key_buffer is None:
+            if not self._writable(end):
+                self._grow(end, key, value)
+            self._key_buffer[..., start:end, :].copy_(key)
+            self._value_buffer[..., start:end, :].copy_(value)
+        self._length = end
+        return self.key, self.value
 
     def reset(self) -> None:
-        self.key = self.value = None
+        """Forget the cached positions and drop the buffers (views returned earlier stay valid)."""
+        self._key_buffer = self._value_buffer = None
+        self._length = 0
 
 
 class StandardAttentionWithRoPE(nn.Module):
