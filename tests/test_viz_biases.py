@@ -9,7 +9,12 @@ import torch
 pytest.importorskip("matplotlib")
 from matplotlib.figure import Figure  # noqa: E402
 
-from ropelib.viz.biases import draw_bias_heatmaps, draw_score_terms_vs_shift  # noqa: E402
+from ropelib.viz.biases import (  # noqa: E402
+    draw_bias_heatmaps,
+    draw_score_terms_vs_shift,
+    draw_sinusoidal_table,
+    wavelength_label,
+)
 
 
 def test_heatmaps_show_each_matrix_with_title_and_colorbar():
@@ -65,3 +70,39 @@ def test_score_terms_errors():
         draw_score_terms_vs_shift(fig, [], {"a": []})
     with pytest.raises(ValueError, match="curves"):
         draw_score_terms_vs_shift(fig, [0], {})
+
+
+def test_sinusoidal_table_shows_the_table_and_each_pair_wavelength():
+    positions, d = 50, 6
+    omega = 10000.0 ** (-np.arange(0, d, 2) / d)
+    angles = np.arange(positions)[:, None] * omega
+    table = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(positions, d)
+    wavelengths = 2 * np.pi / omega  # 2 pi * 10000^(2i/6): 6.28, 135.35, 2916.36
+    fig = Figure()
+    ax = draw_sinusoidal_table(fig, torch.from_numpy(table), wavelengths)
+    image = ax.images[0]
+    np.testing.assert_array_equal(image.get_array(), table)
+    assert image.get_clim() == (-1.0, 1.0)
+    (top,) = ax.child_axes
+    assert [t.get_text() for t in top.get_xticklabels()] == ["6.3", "135", "2,916"]
+    np.testing.assert_array_equal(top.get_xticks(), [0.5, 2.5, 4.5])  # between sin and cos
+    assert ax.get_ylabel() == "position m"
+    assert len(fig.axes) == 2  # the heatmap and its colour bar
+    fig.canvas.draw()
+
+
+def test_wavelength_label():
+    assert [wavelength_label(w) for w in (6.2832, 9.96, 10.0, 62.83, 19869.2)] == [
+        "6.3", "10.0", "10", "63", "19,869"]
+
+
+def test_sinusoidal_table_errors():
+    fig = Figure()
+    with pytest.raises(ValueError, match="even number of channels"):
+        draw_sinusoidal_table(fig, np.ones((4, 3)), [1.0])
+    with pytest.raises(ValueError, match="one entry per channel pair \\(2\\)"):
+        draw_sinusoidal_table(fig, np.ones((4, 4)), [1.0])
+    with pytest.raises(ValueError, match="positive and finite"):
+        draw_sinusoidal_table(fig, np.ones((4, 4)), [1.0, 0.0])
+    with pytest.raises(ValueError, match="table must be a 2-D"):
+        draw_sinusoidal_table(fig, np.ones(4), [1.0, 2.0])

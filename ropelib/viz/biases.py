@@ -112,3 +112,50 @@ def draw_score_terms_vs_shift(fig: Figure, shifts: Sequence[float],
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(alpha=0.3)
     return ax
+
+
+def wavelength_label(wavelength: float) -> str:
+    """A wavelength in positions as a short tick label: ``6.3``, ``63``, ``19,869``."""
+    return f"{wavelength:.1f}" if wavelength < 10 else f"{wavelength:,.0f}"
+
+
+def draw_sinusoidal_table(fig: Figure, table: object, wavelengths: Sequence[float], *,
+                          cmap: str = "RdBu_r") -> Axes:
+    """The sinusoidal position table as a heatmap, each channel pair labelled by its wavelength.
+
+    Row m (position) runs downwards, column j (channel) to the right; channels 2i and 2i+1
+    (sin and cos of m * omega_i) form pair i, whose wavelength 2 pi / omega_i is written on
+    the top axis, above the middle of the pair. Colours run from -1 to 1.
+
+    Args:
+        fig: the figure to draw into.
+        table: the ``(positions, d)`` table, d even (NumPy array or torch tensor).
+        wavelengths: ``d / 2`` positive wavelengths, in positions, one per pair.
+        cmap: a diverging matplotlib colour map.
+
+    Returns:
+        The heatmap axes (its top axis, with the wavelengths, is ``ax.secondary_xaxis``'s).
+    """
+    matrix = _as_2d("table", table)
+    if matrix.shape[1] % 2:
+        raise ValueError(f"table must have an even number of channels (sin, cos pairs), "
+                         f"got shape {matrix.shape}")
+    waves = np.asarray(wavelengths, dtype=np.float64)
+    if waves.shape != (matrix.shape[1] // 2,):
+        raise ValueError(f"wavelengths must have one entry per channel pair "
+                         f"({matrix.shape[1] // 2}), got shape {waves.shape}")
+    if not np.all(np.isfinite(waves) & (waves > 0)):
+        raise ValueError(f"wavelengths must be positive and finite, got {waves.tolist()}")
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(matrix, cmap=cmap, vmin=-1.0, vmax=1.0, origin="upper",
+                      interpolation="nearest", aspect="auto")
+    ax.set_xlabel("channel j (pair i = j // 2: sin at 2i, cos at 2i + 1)")
+    ax.set_ylabel("position m")
+    ax.set_xticks(np.arange(matrix.shape[1]))
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(np.arange(waves.size) * 2 + 0.5, [wavelength_label(w) for w in waves])
+    top.set_xlabel("wavelength 2π/ω_i of the pair (positions)")
+    for boundary in np.arange(1.5, matrix.shape[1] - 1, 2):
+        ax.axvline(boundary, color="0.3", linewidth=0.6)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="value")
+    return ax
