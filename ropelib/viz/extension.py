@@ -1,0 +1,205 @@
+"""Figures of chapter 10: what context-extension methods do to RoPE's frequencies, and how
+the toy models of the look-back experiment fare at lengths they were not trained on.
+
+``extension_frequencies`` computes, with ``ropelib.scaling``, the per-pair frequencies of every
+method for one scale factor s; ``draw_frequency_scaling`` draws them as wavelengths against the
+trained context (left) and as the ratio theta_i' / theta_i (right), in the ``draw(fig, **params)``
+form that ``live_slider`` and ``scrubber`` take. ``draw_accuracy_by_length`` and
+``draw_training_losses`` draw the experiment's results, ``accuracy_table_html`` tabulates them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from ..scaling import scaled_frequencies
+
+__all__ = ["METHOD_STYLES", "accuracy_table_html", "draw_accuracy_by_length",
+           "draw_frequency_scaling", "draw_training_losses", "extension_frequencies"]
+
+# label -> (color, linestyle); the order is the legend's
+METHOD_STYLES = {
+    "original": ("0.2", "-"),
+    "PI (linear)": ("tab:blue", "-"),
+    "NTK-aware": ("tab:orange", "-"),
+    "dynamic NTK": ("tab:orange", ":"),
+    "YaRN": ("tab:green", "-"),
+    "Llama 3": ("tab:red", "--"),
+}
+
+
+def extension_frequencies(factor: float, *, dim: int = 128, base: float = 10000.0,
+                          original_len: int = 4096, dynamic_factor: float = 2.0
+                          ) -> dict[str, np.ndarray]:
+    """Per-pair frequencies theta_i' of each method for the scale factor s = ``factor``.
+
+    The target length is s * ``original_len``. Dynamic NTK is evaluated at that length with
+    its own config factor ``dynamic_factor``; the other methods use s as their factor
+    (YaRN with beta_fast = 32, beta_slow = 1; Llama 3 with low/high frequency factors 1 and 4).
+
+    Returns:
+        ``{label: (dim // 2,) float64 array}`` with the labels of ``METHOD_STYLES``.
+    """
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
+        raise ValueError(f"factor must be a number >= 1, got {factor!r}")
+    s = float(factor)
+    original = {"original_max_position_embeddings": original_len}
+    configs = {
+        "original": None,
+        "PI (linear)": {"rope_type": "linear", "factor": s},
+        "NTK-aware": {"rope_type": "ntk", "factor": s},
+        "dynamic NTK": {"rope_type": "dynamic", "factor": float(dynamic_factor), **original},
+        "YaRN": {"rope_type": "yarn", "factor": s, **original},
+        "Llama 3": {"rope_type": "llama3", "factor": s, **original},
+    }
+    target_len = math.ceil(s * original_len)
+    return {label: scaled_frequencies(dim, base, config, seq_len=target_len)[0].numpy()
+            for label, config in configs.items()}
+
+
+def draw_frequency_scaling(fig: Figure, factor: float, *, dim: int = 128,
+                           base: float = 10000.0, original_len: int = 4096,
+                           dynamic_factor: float = 2.0, max_factor: float = 32.0
+                           ) -> dict[str, np.ndarray]:
+    """Two panels for the scale factor s = ``factor``.
+
+    Left: the wavelength 2 pi / theta_i' of every pair i (log scale), with the trained
+    context L0 and the target s * L0 as horizontal lines; a pair whose wavelength lies above a
+    line never completes a turn within that many positions. Right: theta_i' / theta_i, from 1
+    (the pair is kept) down to 1/s (the pair is interpolated like PI).
+
+    ``max_factor`` fixes the axes (the largest s a slider offers), so frames of a slider
+    compare. Returns the frequencies drawn, as ``extension_frequencies``.
+    """
+    if not 1 <= factor <= max_factor:
+        raise ValueError(f"factor must be in [1, max_factor={max_factor}], got {factor!r}")
+    freqs = extension_frequencies(factor, dim=dim, base=base, original_len=original_len,
+                                  dynamic_factor=dynamic_factor)
+    left, right = fig.subplots(1, 2)
+    pairs = np.arange(dim // 2)
+    theta = freqs["original"]
+    for label, inv_freq in freqs.items():
+        color, style = METHOD_STYLES[label]
+        left.plot(pairs, 2 * np.pi / inv_freq, style, color=color, label=label, linewidth=1.5)
+        right.plot(pairs, inv_freq / theta, style, color=color, label=label, linewidth=1.5)
+    left.axhline(original_len, color="0.5", linewidth=1)
+    left.annotate(f"trained context L0 = {original_len}", (0, original_len),
+                  textcoords="offset points", xytext=(2, 3), fontsize="small", color="0.35")
+    target = factor * original_len
+    left.axhline(target, color="0.5", linewidth=1, linestyle="--")
+    left.annotate(f"target s L0 = {target:g}", (0, target), textcoords="offset points",
+                  xytext=(2, 3), fontsize="small", color="0.35")
+    left.set_yscale("log")
+    left.set_ylim(1.0, 2 * np.pi / theta[-1] * max_factor * 4)
+    left.set_xlabel("pair index i")
+    left.set_ylabel(r"wavelength $2\pi / \theta_i'$ (positions)")
+    left.set_title(f"s = {factor:g}", fontsize="medium")
+    right.set_yscale("log")
+    right.set_ylim(1 / (max_factor * 1.5), 1.5)
+    right.set_xlabel("pair index i")
+    right.set_ylabel(r"$\theta_i' / \theta_i$")
+    right.axhline(1 / factor, color="0.5", linewidth=1, linestyle="--")
+    right.legend(fontsize="x-small", loc="lower left")
+    for ax in (left, right):
+        ax.set_xlim(0, dim // 2 - 1)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return freqs
+
+
+def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, Any], *,
+                            train_length: int, chance: float | None = None) -> list[Line2D]:
+    """Accuracy against evaluation length (log2 x axis), one line per model.
+
+    Args:
+        ax: the Axes to draw on.
+        lengths: evaluation lengths (positive).
+        accuracies: ``{label: one accuracy in [0, 1] per length}``; ``NaN`` leaves a gap
+            (a method not evaluated at that length).
+        train_length: drawn as a vertical line.
+        chance: the accuracy of guessing, drawn as a dotted line.
+
+    Returns:
+        One line per model, in the order given.
+    """
+    n = np.asarray(lengths, dtype=float)
+    if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
+        raise ValueError(f"lengths must be a non-empty 1-D sequence of positive numbers, "
+                         f"got {lengths!r}")
+    if not accuracies:
+        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    lines = []
+    for label, values in accuracies.items():
+        acc = np.asarray(values, dtype=float)
+        if acc.shape != n.shape:
+            raise ValueError(f"accuracies[{label!r}] has {acc.size} values but there are "
+                             f"{n.size} lengths; give one accuracy per length")
+        finite = acc[np.isfinite(acc)]
+        if np.any((finite < 0) | (finite > 1)):
+            raise ValueError(f"accuracies[{label!r}] must lie in [0, 1], got {acc.tolist()}")
+        (line,) = ax.plot(n, acc, "o-", label=label, markersize=4)
+        lines.append(line)
+    ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--")
+    if chance is not None:
+        ax.axhline(chance, color="0.5", linewidth=1, linestyle=":", label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n, [f"{int(v)}" for v in n])
+    ax.minorticks_off()
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("evaluation length N")
+    ax.set_ylabel("look-back accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small", loc="lower left", ncol=2)
+    return lines
+
+
+def draw_training_losses(ax: Axes, losses: Mapping[str, Sequence[float]], *,
+                         smooth: int = 10) -> list[Line2D]:
+    """Training loss per step (log y), each curve a running mean over ``smooth`` steps."""
+    if not losses:
+        raise ValueError("losses must hold at least one curve, got an empty mapping")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be a positive int, got {smooth!r}")
+    lines = []
+    for label, values in losses.items():
+        curve = np.asarray(values, dtype=float)
+        if curve.ndim != 1 or curve.size < smooth or np.any(curve <= 0):
+            raise ValueError(f"losses[{label!r}] must be at least smooth={smooth} positive "
+                             f"values, got shape {curve.shape}")
+        mean = np.convolve(curve, np.ones(smooth) / smooth, mode="valid")
+        (line,) = ax.plot(np.arange(smooth, curve.size + 1), mean, label=label)
+        lines.append(line)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("cross-entropy (running mean)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return lines
+
+
+def accuracy_table_html(lengths: Sequence[int], accuracies: Mapping[str, Any], *,
+                        train_length: int) -> str:
+    """An HTML table: one row per model, one column per length (as a multiple of
+    ``train_length``), accuracies in percent with one decimal; ``NaN`` shows as a dash."""
+    if not accuracies:
+        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    head = "".join(f"<th>N = {n} ({n / train_length:g}x)</th>" for n in lengths)
+    rows = []
+    for label, values in accuracies.items():
+        acc = [float(v) for v in values]
+        if len(acc) != len(lengths):
+            raise ValueError(f"accuracies[{label!r}] has {len(acc)} values but there are "
+                             f"{len(lengths)} lengths; give one accuracy per length")
+        cells = "".join("<td>&ndash;</td>" if math.isnan(a) else f"<td>{100 * a:.1f}</td>"
+                        for a in acc)
+        rows.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
+    return (f"<table><thead><tr><th>model (accuracy, %)</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
