@@ -18,11 +18,23 @@ PyTorch:
   ``b = b cos + a_saved sin``.
 
 Every path is exact up to the rounding of the dtype; the tests compare each against float64.
+
+The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output) and
+``ropelib::rotate_out`` (into a given ``out``), registered with ``torch.library.custom_op``
+and a fake implementation, so ``torch.compile``, ``torch.export`` and ``torch.jit.trace``
+see one opaque node whose shape they know; ``rotate`` and ``rotate_out`` call them. Their
+implementation is ``_rotate``: it picks the path for the tensors of this call and prepares
+the tables for it, every call, keeping nothing; for plain tensors in eager mode that need
+no gradient, ``rotate`` calls it directly (``_plain_call``). The autograd formula is
+registered by ``ropelib.rotation``. ``rotate_composite`` is the same rotation written in
+differentiable PyTorch operations, for ``torch.func`` transforms and forward-mode AD, which
+must not hand the kernel their wrapped tensors.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import native
 
@@ -87,29 +99,80 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
     return cos, sin, _widen(cos, layout)
 
 
-def inverse_tables(tables: tuple[torch.Tensor, ...], path: str) -> tuple[torch.Tensor, ...]:
-    """Tables of the inverse rotation (angle -m theta): the gradient's rotation."""
-    if path in ("complex", "upcast"):
-        return (tables[0].conj(),)
-    if path == "native":
-        return tables[0], -tables[1]
-    cos, sin, cos_wide = tables
-    return cos, -sin, cos_wide
-
-
-def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], path: str, layout: str,
-           rotary_dim: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out = R_Theta x, the first ``rotary_dim`` channels rotated, the rest copied.
+@torch.library.custom_op("ropelib::rotate", mutates_args=())
+def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+               rotary_dim: int) -> torch.Tensor:
+    """R_Theta x, a new contiguous tensor: the first ``rotary_dim`` channels rotated, the
+    rest copied.
 
     Args:
         x: ``(..., seq, head_dim)``.
-        tables: ``prepare_tables(...)`` for ``path``, rows broadcastable to x's
-            ``(..., seq, *)``, on x's device.
-        path: ``choose_path(x, out, layout, rotary_dim)``.
+        cos, sin: rows ``(..., seq, rotary_dim // 2)`` broadcastable to x's, any float
+            dtype, on x's device.
         layout: ``"interleaved"`` or ``"half"``.
         rotary_dim: rotated channels (even, <= head_dim).
-        out: destination of x's shape; may be x itself. Default: a new contiguous tensor.
     """
+    return _rotate(x, cos, sin, layout, rotary_dim, None)
+
+
+@_rotate_op.register_fake
+def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 rotary_dim: int) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
+def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                   rotary_dim: int, out: torch.Tensor) -> None:
+    """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
+    x itself, or memory that shares no element with x)."""
+    _rotate(x, cos, sin, layout, rotary_dim, out)
+
+
+@_rotate_out_op.register_fake
+def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                     rotary_dim: int, out: torch.Tensor) -> None:
+    return None
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+           rotary_dim: int) -> torch.Tensor:
+    """``ropelib::rotate``: R_Theta x, a new contiguous tensor (arguments as there)."""
+    if _plain_call(x, cos, sin):
+        return _rotate(x, cos, sin, layout, rotary_dim, None)
+    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim)
+
+
+def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+               rotary_dim: int, out: torch.Tensor) -> None:
+    """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
+    bumped like any in-place write's (arguments as there)."""
+    if _plain_call(x, cos, sin, out):
+        _rotate(x, cos, sin, layout, rotary_dim, out)
+        torch.autograd.graph.increment_version(out)
+    else:
+        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out)
+
+
+def _plain_call(*tensors: torch.Tensor) -> bool:
+    """Whether the operators' implementation may run without the dispatcher: plain tensors
+    that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
+    or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
+    Python layers, which at small shapes cost more than the rotation."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or torch._C._are_functorch_transforms_active()
+                or is_in_torch_dispatch_mode())
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+            rotary_dim: int, out: torch.Tensor | None) -> torch.Tensor:
+    """The operators' implementation: the path for these tensors, its tables, the rotation."""
+    path = choose_path(x, out, layout, rotary_dim)
+    tables = prepare_tables(cos, sin, path, x.dtype, layout)
     if path == "native":
         return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out)
     in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
@@ -124,7 +187,7 @@ def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], path: str, layout:
         torch.mul(_as_complex(xr), tables[0], out=_as_complex(outr))
         return out
     if path == "upcast":
-        wide = xr.float()
+        wide = xr.to(torch.float32, memory_format=torch.contiguous_format)
         _as_complex(wide).mul_(tables[0])
         outr.copy_(wide)
         return out
@@ -140,3 +203,19 @@ def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], path: str, layout:
     out_a.addcmul_(b, sin, value=-1)
     out_b.addcmul_(a, sin)
     return out
+
+
+def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                     rotary_dim: int) -> torch.Tensor:
+    """``rotate`` in plain differentiable PyTorch operations (at least float32 arithmetic, one
+    rounding): what ``torch.func`` transforms (grad, vmap, jvp, ...) and forward-mode AD
+    differentiate and batch, since the kernel only takes plain tensors."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    a, b = (t.to(wide) for t in pairs(x[..., :rotary_dim], layout))
+    cos, sin = cos.to(wide), sin.to(wide)
+    first, second = a * cos - b * sin, a * sin + b * cos
+    rotated = (torch.cat((first, second), -1) if layout == "half"
+               else torch.stack((first, second), -1).flatten(-2)).to(x.dtype)
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((rotated, x[..., rotary_dim:]), -1)
+    return rotated

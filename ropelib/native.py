@@ -11,9 +11,12 @@ process (a DataLoader worker) has the same rule as torch: use one thread there. 
 of 4 MiB or more get transparent huge pages (Linux), which makes their first touch, most of
 the cost of any new tensor here, several times cheaper.
 
-Without a compiler, on other devices and for other dtypes, ``ropelib.kernels`` uses its eager
-paths; ``unavailable_reason()`` says why the kernel is missing, ``set_enabled(False)`` (or
-``ROPELIB_NATIVE=0`` in the environment) turns it off, e.g. to compare the two.
+This module is the bottom of ``apply_rope``'s path: ``ropelib.kernels`` registers the PyTorch
+operator whose CPU implementation calls ``rotate`` here. Nothing here keeps a tensor or a
+pointer between calls. Without a compiler, on other devices and for other dtypes,
+``ropelib.kernels`` uses its eager paths; ``unavailable_reason()`` says why the kernel is
+missing, ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0`` in the environment) turns it off,
+e.g. to compare the two.
 """
 
 from __future__ import annotations
@@ -27,9 +30,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -44,7 +45,6 @@ _enabled = os.environ.get("ROPELIB_NATIVE", "1") != "0"
 _compile_lock = threading.Lock()
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
-_DIMS: dict[tuple, bytes] = {}  # rotate's packed dims for recently seen shapes and strides
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -124,17 +124,13 @@ def threaded() -> bool:
 
 
 def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
-    """Whether ``rotate`` applies: ``active()``, CPU, float32/float64/bfloat16, channels
+    """Whether ``rotate`` applies: enabled and built, CPU, float32/float64/bfloat16, channels
     contiguous (stride 1) in x and out, at most ``rope_max_dims()`` dims before the channels."""
-    if not (x.is_cpu and x.dtype in DTYPES and x.stride(-1) == 1 and not x.is_neg()
-            and (out is None or (out.stride(-1) == 1 and not out.is_neg())) and active()):
+    if not (_enabled and x.is_cpu and x.dtype in DTYPES and x.stride(-1) == 1
+            and not x.is_neg() and (out is None or (out.stride(-1) == 1 and not out.is_neg()))):
         return False
-    return x.ndim - 1 <= _load()[0].max_dims
-
-
-def active() -> bool:
-    """Enabled, built, and not inside torch.compile's tracing (which cannot trace a C call)."""
-    return _enabled and not torch.compiler.is_compiling() and _load()[0] is not None
+    lib = _load()[0]
+    return lib is not None and x.ndim - 1 <= lib.max_dims
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -146,85 +142,42 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class Call(NamedTuple):
-    """One call of the kernel worked out for x of one shape and strides, out of given (or
-    contiguous) strides and fixed tables: all ``run`` still needs is x and out."""
-
-    fn: Callable[..., None]
-    ndim: int
-    dims: bytes
-    cos_ptr: int
-    sin_ptr: int
-    row_bytes: int
-    head_dim: int
-    rotary_dim: int
-    half_layout: int
-    max_threads: int
-
-
-def prepare_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, out: torch.Tensor | None = None) -> Call:
-    """The ``Call`` for ``rotate``'s arguments (see there); x and out may change between runs
-    but not their shapes and strides, and cos and sin must stay alive and in place."""
-    out_strides = _contiguous_strides(x.shape) if out is None else out.stride()
-    key = (x.shape, x.stride(), out_strides, cos.shape, cos.stride())
-    dims = _DIMS.get(key)
-    if dims is None:
-        dims = _dims(x.shape, x.stride(), out_strides, cos)
-        if len(_DIMS) >= 256:
-            _DIMS.clear()
-        _DIMS[key] = dims
-    return Call(_load()[0].rope[x.dtype], x.ndim - 1, dims, cos.data_ptr(), sin.data_ptr(),
-                cos.stride(0) * cos.element_size(), x.shape[-1], rotary_dim,
-                int(layout == "half"), max(1, x.numel() // PARALLEL_ELEMENTS))
-
-
-def run(call: Call, x: torch.Tensor, out: torch.Tensor | None = None, first_row: int = 0
-        ) -> torch.Tensor:
-    """Run a prepared call on x (of the shape and strides it was prepared for) into out
-    (default: new, contiguous), starting at row ``first_row`` of a 2-D table."""
-    if out is None:
-        out = empty_like(x)
-    if x.numel():
-        skip = first_row * call.row_bytes
-        call.fn(x.data_ptr(), out.data_ptr(), call.cos_ptr + skip, call.sin_ptr + skip,
-                min(torch.get_num_threads(), call.max_threads), call.ndim, call.dims,
-                call.head_dim, call.rotary_dim, call.half_layout)
-    return out
-
-
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-           out: torch.Tensor | None = None, first_row: int = 0) -> torch.Tensor:
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """out = R_Theta x with the compiled loop.
+
+    Every pointer handed to C belongs to a tensor this call holds a reference to, and nothing
+    is kept after it returns, so concurrent calls (the loop runs without the GIL) share nothing.
 
     Args:
         x: ``(..., seq, head_dim)`` on the CPU, ``supports(x, out)``.
-        cos, sin: ``(..., seq, rotary_dim // 2)`` broadcastable to x's rows, channels contiguous,
-            float64 for float64 x and float32 otherwise, with the same strides; or a 2-D table
-            ``(table_len, rotary_dim // 2)`` whose rows ``first_row .. first_row + seq - 1``
-            are used (no slice is made).
+        cos, sin: ``(..., seq, rotary_dim // 2)`` broadcastable to x's rows (e.g. the 2-D
+            rows ``(seq, rotary_dim // 2)``), float64 for float64 x and float32 otherwise,
+            channels contiguous, both with the same strides.
         layout: ``"interleaved"`` or ``"half"``.
         rotary_dim: rotated channels; the rest are copied (unless out is x).
         out: destination of x's shape and dtype, channels contiguous; x itself or memory that
-            does not overlap x. Default: new.
-        first_row: the table row of x's first position (with a 2-D table).
+            shares no element with x. Default: new.
     """
-    return run(prepare_call(x, cos, sin, layout, rotary_dim, out), x, out, first_row)
+    if out is None:
+        out = empty_like(x)
+    if x.numel():
+        dims = _dims(x.shape, x.stride(), out.stride(), cos.shape, cos.stride())
+        threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_ELEMENTS))
+        _load()[0].rope[x.dtype](x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                 threads, x.ndim - 1, dims, x.shape[-1], rotary_dim,
+                                 int(layout == "half"))
+    return out
 
 
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
-def _dims(shape: torch.Size, x_strides: tuple, out_strides: tuple, cos: torch.Tensor) -> bytes:
+@functools.lru_cache(maxsize=256)
+def _dims(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tuple[int, ...],
+          table_shape: tuple[int, ...], table_strides: tuple[int, ...]) -> bytes:
     """The leading dims' sizes, then x's, out's and the tables' strides, as int64s for C; a
-    table's stride is 0 along the dims it broadcasts over (absent or of size 1)."""
+    table's stride is 0 along the dims it broadcasts over (absent or of size 1). Kept for
+    recently seen shapes and strides (plain integers, never a tensor)."""
     lead = shape[:-1]
-    table_strides = [0] * (len(lead) - cos.ndim + 1) + [
-        0 if n == 1 else st for n, st in zip(cos.shape[:-1], cos.stride()[:-1], strict=True)]
-    values = (*lead, *x_strides[:-1], *out_strides[:-1], *table_strides)
+    per_table = [0] * (len(lead) - len(table_shape) + 1) + [
+        0 if n == 1 else st for n, st in zip(table_shape[:-1], table_strides[:-1], strict=True)]
+    values = (*lead, *x_strides[:-1], *out_strides[:-1], *per_table)
     return struct.pack(f"{len(values)}q", *values)

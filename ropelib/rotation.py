@@ -9,182 +9,162 @@ which is multiplication by the block-diagonal matrix R_{Theta,m} of RoFormer eq.
 layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer, GPT-J,
 Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
-The gradient of a rotation is the rotation by the opposite angle, so the backward pass is the
-same kernel with sin negated instead of a chain of autograd nodes. The arithmetic itself is in
-``ropelib.native`` (the compiled CPU loop) and ``ropelib.kernels`` (the eager paths).
+The path of a call, each module once: ``apply_rope`` here checks the arguments and selects
+the table rows of x's positions (a view, or a gather for ``positions``); the operator
+``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
+an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
+so the autograd formula registered here for that operator is the same operator with sin
+negated. Nothing is cached on the caller's tensors: every call works from the tensors it is
+given.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Literal
 
 import torch
+from torch.autograd import forward_ad
 
-from . import kernels, native
+from . import kernels
 from ._checks import check_float_tensor, check_int_tensor, check_layout
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
 
 
-class _RotaryFunction(torch.autograd.Function):
-    """y = R_Theta x with the backward g -> R_Theta^T g = R_{-Theta} g (and the grads of cos
-    and sin when they require them). ``cos``, ``sin``: the selected rows; ``tables``: the
-    same rows prepared for ``path``. x is kept for the backward only when the grads of cos or
-    sin need it, so the rotation adds no activation memory in the usual training step."""
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: Layout = "interleaved",
+    positions: torch.Tensor | None = None, offset: int = 0, rotary_dim: int | None = None,
+    short_table: Literal["raise", "repeat_last"] = "raise", out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate x by R_{Theta,m}, where m is each row's position.
 
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout, rotary_dim, path, tables):
-        tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        ctx.save_for_backward(x if tables_need_grad else None, cos, sin)
-        ctx.layout, ctx.rotary_dim, ctx.path, ctx.tables = layout, rotary_dim, path, tables
-        return kernels.rotate(x, tables, path, layout, rotary_dim)
+    Args:
+        x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``; floating point.
+        cos, sin: tables ``(table_len, rotary_dim // 2)`` from ``generate_rope_embeddings``
+            or ``RotaryEmbedding``, in any float dtype (cast to ``x.dtype`` here); or rows
+            already gathered, with as many dims as x and broadcastable to
+            ``(..., seq, rotary_dim // 2)``.
+        layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
+        positions: integer positions ``(seq,)`` or ``(batch, seq)`` (one row per batch entry,
+            e.g. for left-padded batches); default ``offset .. offset + seq - 1``.
+        offset: first position when ``positions`` is not given (KV-cache decoding); an int,
+            a NumPy integer or a 0-d integer tensor.
+        rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
+            the rest through unchanged, as GPT-NeoX and GPT-J do. Default: head_dim.
+        short_table: ``"raise"`` (default): a table shorter than the positions is an error.
+            ``"repeat_last"`` reuses the last row for positions past the table, the behaviour
+            of the module ropelib grew from; it silently destroys relative positions there.
+        out: optional destination with x's shape, dtype and device, e.g. a buffer you own or
+            ``x`` itself (in place); it may not share memory with cos or sin, nor elements
+            with x unless it is x. Not differentiable: use it under ``torch.no_grad()`` or
+            for tensors that do not require grad.
 
-    @staticmethod
-    def backward(ctx, grad):
-        x, cos, sin = ctx.saved_tensors
-        layout, rd = ctx.layout, ctx.rotary_dim
-        grad_x = grad_cos = grad_sin = None
-        if ctx.needs_input_grad[0]:
-            path = kernels.choose_path(grad, None, layout, rd)
-            tables = (kernels.inverse_tables(ctx.tables, path) if path == ctx.path
-                      else kernels.prepare_tables(cos, -sin, path, grad.dtype, layout))
-            if torch.is_grad_enabled():  # create_graph=True: the gradient is differentiated too
-                grad_x = _RotaryFunction.apply(grad, cos, -sin, layout, rd, path, tables)
-            else:
-                grad_x = kernels.rotate(grad, tables, path, layout, rd)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            a, b = kernels.pairs(x[..., :rd], layout)
-            ga, gb = kernels.pairs(grad[..., :rd], layout)
-            grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
-            grad_sin = (gb * a - ga * b).sum_to_size(sin.shape)
-        return grad_x, grad_cos, grad_sin, None, None, None, None
-
-
-class _TableRotation(torch.autograd.Function):
-    """The compiled kernel on rows ``first_row, first_row + 1, ...`` of whole 2-D tables that do
-    not require grad, through calls memoized on the tables (``_table_memo``): y = R_Theta x, and
-    the backward is the same kernel with the inverse tables (sin negated, memoized too)."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, call, first_row, layout, rotary_dim, short_table):
-        ctx.save_for_backward(cos, sin)  # so that editing a table before backward raises
-        ctx.first_row, ctx.layout, ctx.rotary_dim = first_row, layout, rotary_dim
-        ctx.short_table = short_table
-        return native.run(call, x, first_row=first_row)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        first_row, layout, rotary_dim = ctx.first_row, ctx.layout, ctx.rotary_dim
-        if torch.is_grad_enabled() or not native.supports(grad, None):
-            # create_graph=True (the gradient is differentiated too), or a gradient the kernel
-            # cannot take (e.g. its channels are not contiguous): the general path
-            rows = slice(first_row, first_row + grad.shape[-2])
-            grad_x = apply_rope(grad, cos[rows], -sin[rows], layout=layout, rotary_dim=rotary_dim)
-        else:
-            call = _memoized_call(grad, cos, sin, layout, rotary_dim, ctx.short_table,
-                                  inverse=True)[0]
-            grad_x = native.run(call, grad, first_row=first_row)
-        return grad_x, None, None, None, None, None, None, None
-
-
-MAX_MEMOIZED_CALLS = 64
-
-
-def _table_memo(cos: torch.Tensor, sin: torch.Tensor) -> tuple[dict, dict] | None:
-    """Two dicts memoizing work on a 2-D table pair: prepared tables and kernel calls; None
-    for tables that require grad.
-
-    They live in an attribute of ``cos`` (so they die with the table), remember which ``sin``
-    they were made for, and are emptied when either table is modified in place (tensor
-    version counters).
+    Returns:
+        A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
-    if cos.requires_grad or sin.requires_grad:
-        return None
-    versions = (cos._version, sin._version)
-    memo = getattr(cos, "_ropelib_memo", None)
-    if memo is None or memo[0] is not sin or memo[1] != versions:
-        memo = (sin, versions, {}, {})
-        cos._ropelib_memo = memo
-    return memo[2], memo[3]
+    rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
+    if out is not None:
+        _check_out(out, x, cos, sin)
+    if cos.ndim == 2:
+        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
+    elif positions is not None or offset:
+        raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
+                         f"are already gathered (shape {tuple(cos.shape)})")
+    if _transformed():
+        rotated = kernels.rotate_composite(x, cos, sin, layout, rd)
+        return rotated if out is None else out.copy_(rotated)
+    if out is None:
+        return kernels.rotate(x, cos, sin, layout, rd)
+    kernels.rotate_out(x, cos, sin, layout, rd, out)
+    return out
 
 
-def _prepared(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype, layout: str,
-              inverse: bool = False) -> tuple[torch.Tensor, ...]:
-    """``kernels.prepare_tables`` for a whole 2-D table, or with ``inverse`` its
-    ``kernels.inverse_tables``; memoized (``_table_memo``)."""
-    memo = _table_memo(cos, sin)
-    key = (path, dtype, layout, inverse)
-    if memo is not None and key in memo[0]:
-        return memo[0][key]
-    if inverse:
-        tables = kernels.inverse_tables(_prepared(cos, sin, path, dtype, layout), path)
-    else:
-        tables = kernels.prepare_tables(cos, sin, path, dtype, layout)
-    if memo is not None:
-        memo[0][key] = tables
-    return tables
+def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                     offset: object, rotary_dim: int | None, short_table: str
+                     ) -> tuple[int, int]:
+    """Checks everything but ``out`` and ``positions``; returns (rotary_dim, offset as int)."""
+    check_layout(layout)
+    if short_table not in SHORT_TABLE_MODES:
+        raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
+    check_float_tensor("x", x)
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
+    head_dim = x.shape[-1]
+    rd = head_dim if rotary_dim is None else rotary_dim
+    if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
+        what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
+        raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
+                         f"got {rd}")
+    check_float_tensor("cos", cos)
+    check_float_tensor("sin", sin)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+    if cos.ndim < 2 or cos.shape[-1] != rd // 2:
+        hint = "" if rotary_dim is not None or cos.ndim < 2 else (
+            f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
+        raise ValueError(f"cos/sin must have shape (table_len, {rd // 2}) (rotary_dim // 2 = "
+                         f"{rd} // 2), got {tuple(cos.shape)}{hint}")
+    if sin.device != cos.device:
+        raise ValueError(f"cos is on {cos.device} but sin is on {sin.device}; "
+                         f"keep both tables on x's device ({x.device})")
+    if cos.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}; "
+                         f"move them with cos.to(x.device)")
+    if cos.ndim > 2:
+        expected = x.shape[:-1] + (rd // 2,)
+        try:
+            fits = cos.ndim == x.ndim and torch.broadcast_shapes(cos.shape, expected) == expected
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
+                             f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
+                             "with positions= instead")
+    return rd, _check_offset(offset)
 
 
-def _call_key(x: torch.Tensor, layout: str, rotary_dim: int | None, short_table: str,
-              inverse: bool = False) -> tuple:
-    """What a memoized kernel call (``native.Call``) on the tables depends on besides them and
-    the first position."""
-    return (x.shape, x.stride(), x.dtype, x.device, layout, rotary_dim, short_table, inverse)
+def _check_offset(offset: object) -> int:
+    """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool)."""
+    if type(offset) is int and offset >= 0:
+        return offset
+    is_bool = isinstance(offset, bool) or getattr(offset, "dtype", None) in (torch.bool, bool)
+    try:
+        value = None if is_bool else operator.index(offset)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    return value
 
 
-def _memoized_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                   rotary_dim: int | None, short_table: str, inverse: bool = False
-                   ) -> tuple[native.Call, int]:
-    """The kernel call rotating x (by -Theta with ``inverse``) with rows of the whole 2-D
-    tables, and the last first row it fits; memoized on tables that do not require grad, at
-    most ``MAX_MEMOIZED_CALLS`` of them. x: ``native.supports(x, None)``."""
-    memo = _table_memo(cos, sin)
-    key = _call_key(x, layout, rotary_dim, short_table, inverse)
-    found = memo[1].get(key)
-    if found is None:
-        tables = _prepared(cos, sin, "native", x.dtype, layout, inverse)
-        rd = x.shape[-1] if rotary_dim is None else rotary_dim
-        found = native.prepare_call(x, *tables, layout, rd), cos.shape[0] - x.shape[-2]
-        if len(memo[1]) >= MAX_MEMOIZED_CALLS:
-            memo[1].clear()
-        memo[1][key] = found
-    return found
-
-
-def _run_memoized(call: native.Call, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  first_row: int, layout: str, rotary_dim: int | None, short_table: str
-                  ) -> torch.Tensor:
-    """x rotated by a call from ``_memoized_call`` from table row ``first_row`` on; recorded
-    for autograd when x requires grad."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return _TableRotation.apply(x, cos, sin, call, first_row, layout, rotary_dim, short_table)
-    return native.run(call, x, first_row=first_row)
-
-
-def _select_rows(table: torch.Tensor, name: str, x: torch.Tensor, positions, offset: int,
-                 short_table: str) -> torch.Tensor:
-    """Rows of a (table_len, d/2) table for x's positions, shaped to broadcast against x."""
-    seq_len, table_len = x.shape[-2], table.shape[0]
+def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
+                 positions: torch.Tensor | None, offset: int, short_table: str
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the (table_len, d/2) tables for x's positions, shaped to broadcast against x:
+    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather."""
+    seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
-        if needed > table_len:
-            if short_table == "raise" or table_len == 0:
-                raise ValueError(
-                    f"{name} has {table_len} rows but positions {offset}..{needed - 1} need "
-                    f"{needed} (seq_len={seq_len}, offset={offset}); generate a longer table, "
-                    f"e.g. generate_rope_embeddings({needed}, head_dim)")
-            index = torch.arange(offset, needed, device=table.device).clamp_max(table_len - 1)
-            return table[index]
-        return table[offset:needed]
-    index = positions.to(table.device)
+        if needed <= table_len:
+            return cos[offset:needed], sin[offset:needed]
+        if short_table == "raise" or table_len == 0:
+            raise ValueError(
+                f"cos has {table_len} rows but positions {offset}..{needed - 1} need "
+                f"{needed} (seq_len={seq_len}, offset={offset}); generate a longer table, "
+                f"e.g. generate_rope_embeddings({needed}, head_dim)")
+        index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
+        return cos[index], sin[index]
+    _check_positions(positions, x, offset, table_len, short_table)
+    index = positions.to(device=cos.device, dtype=torch.long)  # uint8 would index as a mask
     if short_table == "repeat_last":
         index = index.clamp_max(table_len - 1)
-    rows = table[index]
     if positions.ndim == 2:
-        rows = rows.reshape(rows.shape[:1] + (1,) * (x.ndim - 3) + rows.shape[1:])
-    return rows
+        index = index.reshape(index.shape[:1] + (1,) * (x.ndim - 3) + index.shape[1:])
+    return cos[index], sin[index]
 
 
 def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
@@ -211,112 +191,14 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
                          f"e.g. generate_rope_embeddings({high + 1}, head_dim)")
 
 
-def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: Layout = "interleaved",
-    positions: torch.Tensor | None = None, offset: int = 0, rotary_dim: int | None = None,
-    short_table: Literal["raise", "repeat_last"] = "raise", out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Rotate x by R_{Theta,m}, where m is each row's position.
-
-    Args:
-        x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``; floating point.
-        cos, sin: tables ``(table_len, rotary_dim // 2)`` from ``generate_rope_embeddings``
-            or ``RotaryEmbedding``, in any float dtype (cast to ``x.dtype`` here); or rows
-            already gathered, with as many dims as x and broadcastable to
-            ``(..., seq, rotary_dim // 2)``.
-        layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
-        positions: integer positions ``(seq,)`` or ``(batch, seq)`` (one row per batch entry,
-            e.g. for left-padded batches); default ``offset .. offset + seq - 1``.
-        offset: first position when ``positions`` is not given (KV-cache decoding).
-        rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
-            the rest through unchanged, as GPT-NeoX and GPT-J do. Default: head_dim.
-        short_table: ``"raise"`` (default): a table shorter than the positions is an error.
-            ``"repeat_last"`` reuses the last row for positions past the table, the behaviour
-            of the module ropelib grew from; it silently destroys relative positions there.
-        out: optional destination with x's shape, dtype and device, e.g. a buffer you own or
-            ``x`` itself (in place). Not differentiable: use it under ``torch.no_grad()`` or
-            for tensors that do not require grad.
-
-    Returns:
-        A new tensor with the shape and dtype of x (contiguous), or ``out``.
-    """
-    check_layout(layout)
-    if short_table not in SHORT_TABLE_MODES:
-        raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
-    if (out is None and positions is None and isinstance(x, torch.Tensor)
-            and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
-            and type(offset) is int and (rotary_dim is None or type(rotary_dim) is int)):
-        # Fast path: a call like one checked before (same tables, x of the same shape, strides
-        # and dtype, same arguments, a first position the table has): its kernel call is kept.
-        memo = _table_memo(cos, sin)
-        found = memo and memo[1].get(_call_key(x, layout, rotary_dim, short_table))
-        if found and 0 <= offset <= found[1] and not x.is_neg() and native.active():
-            return _run_memoized(found[0], x, cos, sin, offset, layout, rotary_dim, short_table)
-    check_float_tensor("x", x)
-    if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
-    head_dim = x.shape[-1]
-    rd = head_dim if rotary_dim is None else rotary_dim
-    if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
-        what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
-        raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
-                         f"got {rd}")
-    check_float_tensor("cos", cos)
-    check_float_tensor("sin", sin)
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
-                         f"{tuple(sin.shape)}")
-    if cos.ndim < 2 or cos.shape[-1] != rd // 2:
-        hint = "" if rotary_dim is not None or cos.ndim < 2 else (
-            f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
-        raise ValueError(f"cos/sin must have shape (table_len, {rd // 2}) (rotary_dim // 2 = "
-                         f"{rd} // 2), got {tuple(cos.shape)}{hint}")
-    if sin.device != cos.device:
-        raise ValueError(f"cos is on {cos.device} but sin is on {sin.device}; "
-                         f"keep both tables on x's device ({x.device})")
-    if cos.device != x.device:
-        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}; "
-                         f"move them with cos.to(x.device)")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-    if out is not None:
-        _check_out(out, x, cos, sin)
-    path = kernels.choose_path(x, out, layout, rd)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
-                                              or sin.requires_grad)
-    if cos.ndim == 2:
-        if positions is not None:
-            _check_positions(positions, x, offset, cos.shape[0], short_table)
-        prepared = _prepared(cos, sin, path, x.dtype, layout)
-        if path == "native" and positions is None and offset + x.shape[-2] <= cos.shape[0]:
-            if out is None and _table_memo(cos, sin) is not None:
-                call = _memoized_call(x, cos, sin, layout, rotary_dim, short_table)[0]
-                return _run_memoized(call, x, cos, sin, offset, layout, rotary_dim, short_table)
-            if not needs_grad:
-                return native.rotate(x, *prepared, layout, rd, out, first_row=offset)
-        tables = tuple(_select_rows(t, "cos", x, positions, offset, short_table) for t in prepared)
-        if needs_grad:
-            cos = _select_rows(cos, "cos", x, positions, offset, short_table)
-            sin = _select_rows(sin, "sin", x, positions, offset, short_table)
-    else:
-        expected = x.shape[:-1] + (rd // 2,)
-        try:
-            fits = cos.ndim == x.ndim and torch.broadcast_shapes(cos.shape, expected) == expected
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
-                             f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
-                             "with positions= instead")
-        if positions is not None or offset:
-            raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
-                             f"are already gathered (shape {tuple(cos.shape)})")
-        tables = kernels.prepare_tables(cos, sin, path, x.dtype, layout)
-    if out is None:
-        if needs_grad:
-            return _RotaryFunction.apply(x, cos, sin, layout, rd, path, tables)
-        return kernels.rotate(x, tables, path, layout, rd)
-    return kernels.rotate(x, tables, path, layout, rd, out=out)
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform (grad, vmap, jvp, ...) or a forward-mode AD level is
+    active: then the tensors are wrapped, and the rotation is written in PyTorch operations
+    (``kernels.rotate_composite``) instead of handing them to the kernel. Under
+    ``torch.compile`` the operator is traced as it is."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
 
 
 def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -335,21 +217,84 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
                          f"strides {strides}, e.g. from expand); pass a buffer "
                          "made with torch.empty_like(x)")
-    if _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
+    for name, table in (("cos", cos), ("sin", sin)):
+        if _spans_intersect(out, table):
+            raise ValueError(f"out shares memory with {name}; the rotation would overwrite "
+                             "the table it reads. Pass a separate buffer")
+    if ((out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride())
+            and _share_elements(out, x)):
         raise ValueError("out shares memory with x but is not x itself (other strides or "
                          "offset); pass out=x for an in-place rotation or a separate buffer")
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def _spans_intersect(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the byte ranges spanned by a and b in the same storage intersect."""
     if a.numel() == 0 or b.numel() == 0:
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-        return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
     return a0 < b1 and b0 < a1
+
+
+def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b (one dtype) address a common element. Exact when they have the same
+    shape and strides (e.g. ``qkv[:, :8]`` and ``qkv[:, 8:]``, which interleave in memory
+    but share nothing); otherwise whether their byte ranges intersect."""
+    if not _spans_intersect(a, b):
+        return False
+    gap, size = abs(b.data_ptr() - a.data_ptr()), a.element_size()
+    if a.shape != b.shape or a.stride() != b.stride() or gap % size:
+        return True
+    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride(), strict=True)
+                   if n > 1 and st > 0), reverse=True)
+    return _reachable(gap // size, dims)
+
+
+def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether gap = sum_k j_k stride_k for integers |j_k| < n_k, dims = [(stride_k, n_k)] by
+    decreasing stride; undecided (a very wide search) counts as reachable."""
+    if not dims:
+        return gap == 0
+    (stride, n), rest = dims[0], dims[1:]
+    reach = sum((m - 1) * st for st, m in rest)
+    low = max(1 - n, math.ceil((gap - reach) / stride))
+    high = min(n - 1, math.floor((gap + reach) / stride))
+    if high - low > 64:
+        return True
+    return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
+
+
+def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
+    grads of cos or sin need it, so the rotation adds no activation memory in the usual
+    training step."""
+    x, cos, sin, layout, rotary_dim = inputs
+    tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    ctx.save_for_backward(x if tables_need_grad else None, cos, sin)
+    ctx.layout, ctx.rotary_dim = layout, rotary_dim
+
+
+def _backward(ctx, grad: torch.Tensor) -> tuple:
+    """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator with sin
+    negated (differentiable again, for double backward); the grads of cos and sin from the
+    pairs of x and g."""
+    x, cos, sin = ctx.saved_tensors
+    layout, rd = ctx.layout, ctx.rotary_dim
+    grad_x = grad_cos = grad_sin = None
+    if ctx.needs_input_grad[0]:
+        grad_x = kernels.rotate(grad, cos, -sin, layout, rd)
+    if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+        a, b = kernels.pairs(x[..., :rd], layout)
+        ga, gb = kernels.pairs(grad[..., :rd], layout)
+        grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
+        grad_sin = (gb * a - ga * b).sum_to_size(sin.shape)
+    return grad_x, grad_cos, grad_sin, None, None
+
+
+torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)

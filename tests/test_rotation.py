@@ -20,7 +20,7 @@ from reference import (
     thetas,
 )
 
-from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings, kernels, native, rotation
+from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings, kernels, native
 
 # Every test here runs twice: with the compiled CPU kernel and with the eager paths.
 pytestmark = pytest.mark.usefixtures("backend")
@@ -482,9 +482,9 @@ def test_memoized_tables_follow_the_tables(layout, dtype):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_memoized_calls_check_what_can_change(layout):
-    """A call like an earlier one reuses its kernel call; everything that may differ from the
-    earlier call is still checked: the first position, grad mode, the kernel switch."""
+def test_repeated_calls_check_what_can_change(layout):
+    """Calls like an earlier one (decoding): everything that may differ from the earlier call
+    is still checked: the first position, grad mode, the kernel switch."""
     x = torch.randn(2, 3, 1, 8)
     cos, sin = tables64(6, 8)
     cos32, sin32 = cos.float(), sin.float()
@@ -514,13 +514,3 @@ def test_memoized_calls_check_what_can_change(layout):
     finally:
         native.set_enabled(previous)
     torch.testing.assert_close(eager, apply_rope(x, cos32, sin32, layout=layout, offset=3))
-
-
-def test_memoized_calls_are_bounded(backend):
-    """Prompts of every length: the kernel calls kept on a table stay few."""
-    cos, sin = generate_rope_embeddings(200, 8)
-    for seq in range(1, 200):
-        apply_rope(torch.randn(1, seq, 8), cos, sin)
-    memo = rotation._table_memo(cos, sin)
-    kept = len(memo[1])
-    assert kept <= rotation.MAX_MEMOIZED_CALLS and (kept > 0) == (backend == "native")
