@@ -1,11 +1,92 @@
-"""Pure functions behind the book's figures (float64 NumPy in, NumPy out)."""
+"""Pure functions behind the book's figures (float64 NumPy in, NumPy out).
+
+Conventions: theta_i = base^(-2i/d) for the d/2 pairs; a query at position m and a key at
+position n are at distance D = m - n, and their RoPE score is q^T R_{Theta,n-m} k, which
+in complex form (pair i as the number x_{2i} + i x_{2i+1}, the interleaved layout) is
+Re[sum_i q_i conj(k_i) exp(i D theta_i)].
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ._checks import check_even_positive
 from .scaling import default_frequencies
+
+
+def rope_thetas(head_dim: int, base: float = 10000.0) -> np.ndarray:
+    """theta_i = base^(-2i/head_dim), shape ``(head_dim // 2,)``, float64."""
+    return default_frequencies(head_dim, base).numpy()
+
+
+def _frequencies(theta: object) -> np.ndarray:
+    theta = np.asarray(theta, dtype=np.float64)
+    if theta.ndim != 1 or theta.size == 0:
+        raise ValueError(f"theta must be a non-empty 1-D array of frequencies, got shape {theta.shape}")
+    if not np.all(np.isfinite(theta)):
+        raise ValueError(f"theta must be finite, got {theta.tolist()}")
+    return theta
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def wavelengths(head_dim: int, base: float = 10000.0) -> np.ndarray:
+    """2 pi / theta_i: the number of positions pair i needs for one full turn, ``(head_dim // 2,)``."""
+    return 2 * math.pi / rope_thetas(head_dim, base)
+
+
+def cosine_sum(distance: object, theta: object) -> np.ndarray:
+    """sum_i cos(distance * theta_i), of the shape of ``distance``.
+
+    It is the RoPE score of q = k = (1, 0, 1, 0, ...) at distance ``distance`` (one unit
+    vector per pair), d/2 times the cosine similarity of the two distances' rotation angles
+    (the unit phasors exp(i distance theta_i)), and, for theta = (1, 0.3, 0.05), the
+    three-frequency toy S(D) of the source notes.
+    """
+    theta = _frequencies(theta)
+    distance = np.asarray(distance, dtype=np.float64)
+    return np.cos(distance[..., None] * theta).sum(axis=-1)
+
+
+def most_similar_distances(theta: object, max_distance: int) -> tuple[int, float]:
+    """The two distinct distances in 0 .. max_distance whose rotation angles look most alike.
+
+    Distance D is represented by its unit phasors exp(i D theta_i), one per frequency; two
+    distances are compared by the cosine similarity of these vectors,
+    (1 / len(theta)) sum_i cos((D1 - D2) theta_i). That depends on the gap D1 - D2 only,
+    so the closest pair is the gap in 1 .. max_distance with the largest similarity.
+
+    Returns:
+        ``(gap, similarity)``: the pairs (D, D + gap) are the most alike (1.0 would make
+        them indistinguishable); the smallest such gap when several tie.
+    """
+    theta = _frequencies(theta)
+    max_distance = _positive_int("max_distance", max_distance)
+    gaps = np.arange(1, max_distance + 1)
+    similarity = cosine_sum(gaps, theta) / theta.size
+    best = int(np.argmax(similarity))
+    return int(gaps[best]), float(similarity[best])
+
+
+def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -> np.ndarray:
+    """S_j = sum_{k < j} exp(i * distance * theta_k) for j = 0 .. d/2 (S_0 = 0).
+
+    The walk of d/2 unit steps in the complex plane whose lengths enter RoFormer's
+    long-term-decay bound. Accepts an array of distances: the result has shape
+    ``distance.shape + (d/2 + 1,)``, complex128.
+    """
+    check_even_positive("head_dim", head_dim)
+    theta = rope_thetas(head_dim, base)
+    distance = np.asarray(distance, dtype=np.float64)
+    steps = np.exp(1j * distance[..., None] * theta)
+    zero = np.zeros(distance.shape + (1,), dtype=np.complex128)
+    return np.concatenate([zero, np.cumsum(steps, axis=-1)], axis=-1)
 
 
 def decay_upper_bound(distance, head_dim: int, base: float = 10000.0) -> np.ndarray:
@@ -23,9 +104,105 @@ def decay_upper_bound(distance, head_dim: int, base: float = 10000.0) -> np.ndar
     Returns:
         Array of the shape of ``distance``.
     """
-    check_even_positive("head_dim", head_dim)
-    theta = default_frequencies(head_dim, base).numpy()
+    partial_sums = phasor_partial_sums(distance, head_dim, base)
+    return np.abs(partial_sums[..., 1:]).mean(axis=-1)
+
+
+def _pairs(name: str, x: object) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % 2:
+        raise ValueError(f"{name} must have an even, non-zero last dimension (head_dim), "
+                         f"got shape {x.shape}")
+    return x[..., 0::2] + 1j * x[..., 1::2]
+
+
+def relative_scores(q: object, k: object, distance: object, base: float = 10000.0) -> np.ndarray:
+    """The RoPE score q^T R_{Theta,n-m} k of a query at m and a key at n = m - distance.
+
+    q, k are in the interleaved layout (pairs (2i, 2i+1)), shape ``(..., head_dim)``,
+    broadcast against each other; ``distance`` is a 1-D array of distances m - n.
+
+    Returns:
+        ``broadcast(q, k).shape[:-1] + (len(distance),)``, float64.
+    """
+    zq, zk = _pairs("q", q), _pairs("k", k)
+    if zq.shape[-1] != zk.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim, got {2 * zq.shape[-1]} "
+                         f"and {2 * zk.shape[-1]}")
     distance = np.asarray(distance, dtype=np.float64)
-    phases = np.exp(1j * distance[..., None] * theta)
-    partial_sums = np.cumsum(phases, axis=-1)
-    return np.abs(partial_sums).mean(axis=-1)
+    if distance.ndim != 1:
+        raise ValueError(f"distance must be a 1-D array of distances, got shape {distance.shape}")
+    theta = rope_thetas(2 * zq.shape[-1], base)
+    h = zq * np.conj(zk)                                            # (..., d/2)
+    phases = np.exp(1j * distance[:, None] * theta)                 # (D, d/2)
+    return np.real(h @ phases.T)
+
+
+def peaked_query_key(distance: float, head_dim: int, base: float = 10000.0
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """A query and a key whose RoPE score is largest at the given distance.
+
+    k has the unit vector (1, 0) in every pair; q is k turned back by ``distance``: pair i
+    holds (cos(distance theta_i), -sin(distance theta_i)). Their score at distance D is
+    sum_i cos((D - distance) theta_i), which reaches its maximum d/2 at D = distance.
+
+    Returns:
+        ``(q, k)``, each ``(head_dim,)`` float64, interleaved layout.
+    """
+    theta = rope_thetas(head_dim, base)
+    k = np.zeros(head_dim)
+    k[0::2] = 1.0
+    q = np.empty(head_dim)
+    q[0::2], q[1::2] = np.cos(distance * theta), -np.sin(distance * theta)
+    return q, k
+
+
+def first_negative_distance(base: float, max_distance: int, head_dim: int = 128) -> int | None:
+    """The smallest distance m in 0 .. max_distance - 1 with B_m = sum_i cos(m theta_i) < 0,
+    or None if there is none.
+
+    B_m is Men et al.'s measure: up to a positive factor, how much more attention a key
+    similar to the query gets than a random key at distance m. Distances are checked in
+    blocks of doubling length, so an early failure is found cheaply.
+    """
+    max_distance = _positive_int("max_distance", max_distance)
+    theta = rope_thetas(head_dim, base)
+    start, block = 0, 64
+    while start < max_distance:
+        m = np.arange(start, min(start + block, max_distance), dtype=np.float64)
+        negative = np.flatnonzero(np.cos(m[:, None] * theta).sum(axis=-1) < 0)
+        if negative.size:
+            return start + int(negative[0])
+        start, block = start + block, 2 * block
+    return None
+
+
+def base_is_feasible(base: float, context_length: int, head_dim: int = 128) -> bool:
+    """Men et al.'s condition on the base: B_m >= 0 for every distance m = 0 ..
+    context_length - 1 inside the context (see :func:`first_negative_distance`)."""
+    context_length = _positive_int("context_length", context_length)
+    return first_negative_distance(base, context_length, head_dim) is None
+
+
+def feasible_bases(bases: object, context_length: int, head_dim: int = 128) -> np.ndarray:
+    """:func:`base_is_feasible` for every base of ``bases``, a boolean array of its shape."""
+    bases = np.asarray(bases, dtype=np.float64)
+    flags = [base_is_feasible(float(b), context_length, head_dim) for b in bases.ravel()]
+    return np.array(flags, dtype=bool).reshape(bases.shape)
+
+
+def smallest_feasible_base(bases: object, context_length: int, head_dim: int = 128
+                           ) -> float | None:
+    """The smallest base of ``bases`` that satisfies :func:`base_is_feasible`, or None.
+
+    Every smaller base of the list fails the condition, so this is Men et al.'s lower bound
+    on the base, resolved to the list's spacing. The bases are scanned in increasing order:
+    the feasible set is not an interval (a feasible base can be followed by infeasible
+    ones), so bisection, which assumes it is, can return a wrong answer.
+    """
+    for base in np.sort(np.asarray(bases, dtype=np.float64).ravel()):
+        if base_is_feasible(float(base), context_length, head_dim):
+            return float(base)
+    return None

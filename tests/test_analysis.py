@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import cmath
+import math
 
 import numpy as np
 import pytest
+import torch
 
 from ropelib.analysis import decay_upper_bound
 
@@ -42,3 +44,122 @@ def test_decay_bound_shape_symmetry_and_decay():
     np.testing.assert_allclose(decay_upper_bound(-grid, 128), values, rtol=1e-12, atol=1e-12)
     flat = values.ravel()
     assert flat[1000:].max() < 0.5 * flat[0]  # the long-term decay the paper plots
+
+
+# ----------------------------------------------------------------- chapters 5 and 6 helpers
+
+from reference import rotation_matrix, thetas  # noqa: E402
+
+from ropelib.analysis import (  # noqa: E402
+    base_is_feasible,
+    cosine_sum,
+    feasible_bases,
+    first_negative_distance,
+    most_similar_distances,
+    peaked_query_key,
+    phasor_partial_sums,
+    relative_scores,
+    rope_thetas,
+    smallest_feasible_base,
+    wavelengths,
+)
+
+
+def test_thetas_and_wavelengths_match_python_floats():
+    for d, base in [(8, 10000.0), (128, 500000.0)]:
+        np.testing.assert_allclose(rope_thetas(d, base), thetas(d, base).numpy(), rtol=1e-14)
+        expected = [2 * np.pi / base ** (-2.0 * i / d) for i in range(d // 2)]
+        np.testing.assert_allclose(wavelengths(d, base), expected, rtol=1e-13)
+
+
+def test_cosine_sum_toy_value_and_all_ones_score():
+    assert cosine_sum(20, [1.0, 0.3, 0.05]) == pytest.approx(
+        np.cos(20) + np.cos(6) + np.cos(1), abs=1e-15)
+    assert round(float(cosine_sum(20, [1.0, 0.3, 0.05])), 3) == 1.909
+    # q = k = all ones: the score at distance D is 2 * sum_i cos(D theta_i)
+    d, D = 16, 37
+    ones = torch.ones(d, dtype=torch.float64)
+    R = rotation_matrix(-D * thetas(d), d)                # R_{Theta,n-m} with m - n = D
+    assert float(ones @ R @ ones) == pytest.approx(2 * float(cosine_sum(D, rope_thetas(d))),
+                                                   abs=1e-12)
+
+
+def test_most_similar_distances_by_brute_force_over_all_pairs():
+    for theta in ([1.0], [1.0, 0.1, 0.01, 0.001], rope_thetas(16).tolist()):
+        top = 300
+        best, best_pair = -2.0, None
+        for a in range(top + 1):
+            for b in range(a + 1, top + 1):
+                s = sum(math.cos((b - a) * t) for t in theta) / len(theta)
+                if s > best + 1e-15:
+                    best, best_pair = s, (a, b)
+        gap, similarity = most_similar_distances(theta, top)
+        assert gap == best_pair[1] - best_pair[0]
+        assert similarity == pytest.approx(best, abs=1e-13)
+    gap, similarity = most_similar_distances([1.0], 4096)
+    assert gap == 710 and similarity > 1 - 1e-8  # 710 is within 6e-5 of 113 turns
+
+
+def test_partial_sums_are_a_walk_of_unit_steps():
+    walk = phasor_partial_sums(50.0, 32)
+    assert walk.shape == (17,) and walk[0] == 0
+    np.testing.assert_allclose(np.abs(np.diff(walk)), 1.0, rtol=1e-14)
+    ref = [sum(cmath.exp(1j * 50.0 * 10000.0 ** (-2.0 * k / 32)) for k in range(j))
+           for j in range(17)]
+    np.testing.assert_allclose(walk, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(phasor_partial_sums(0.0, 32).real, np.arange(17), atol=0)
+    assert phasor_partial_sums(np.zeros((2, 3)), 8).shape == (2, 3, 5)
+
+
+def test_relative_scores_match_the_explicit_block_diagonal_matrix():
+    gen = torch.Generator().manual_seed(3)
+    d, base = 12, 500.0
+    q = torch.randn(4, d, dtype=torch.float64, generator=gen)
+    k = torch.randn(4, d, dtype=torch.float64, generator=gen)
+    distances = np.array([0.0, 1.0, 5.0, -3.0, 250.0])
+    scores = relative_scores(q, k, distances, base)
+    assert scores.shape == (4, 5)
+    for p in range(4):
+        for j, D in enumerate(distances):
+            R = rotation_matrix(-D * thetas(d, base), d)    # R_{Theta,n-m}, n - m = -D
+            assert scores[p, j] == pytest.approx(float(q[p] @ R @ k[p]), abs=1e-12)
+    with pytest.raises(ValueError, match="head_dim"):
+        relative_scores(np.ones(4), np.ones(6), distances)
+    with pytest.raises(ValueError, match="even"):
+        relative_scores(np.ones(5), np.ones(5), distances)
+
+
+def test_peaked_pair_has_its_maximum_at_the_chosen_distance():
+    q, k = peaked_query_key(300, 64)
+    distances = np.arange(0, 2001)
+    scores = relative_scores(q, k, distances)
+    assert int(np.argmax(scores)) == 300
+    assert scores[300] == pytest.approx(32.0, abs=1e-12)
+    assert np.sort(scores)[-2] < 32.0 - 1e-3
+    np.testing.assert_allclose(scores, cosine_sum(distances - 300, rope_thetas(64)), atol=1e-12)
+
+
+def brute_first_negative(base, max_distance, d):
+    for m in range(max_distance):
+        if sum(math.cos(m * base ** (-2.0 * i / d)) for i in range(d // 2)) < 0:
+            return m
+    return None
+
+
+@pytest.mark.parametrize("base", [30.0, 1000.0, 10000.0, 50000.0])
+def test_first_negative_distance_by_plain_loops(base):
+    assert first_negative_distance(base, 3000, 32) == brute_first_negative(base, 3000, 32)
+    assert base_is_feasible(base, 3000, 32) == (brute_first_negative(base, 3000, 32) is None)
+
+
+def test_smallest_feasible_base_scans_a_non_monotone_set():
+    grid = np.logspace(2, 5, 61)
+    flags = feasible_bases(grid, 400, 64)
+    expected = [brute_first_negative(b, 400, 64) is None for b in grid]
+    np.testing.assert_array_equal(flags, expected)
+    assert np.any(np.diff(flags.astype(int)) < 0)          # feasible, then infeasible again
+    first = smallest_feasible_base(grid[::-1], 400, 64)   # order of the list does not matter
+    assert first == grid[expected.index(True)]
+    assert smallest_feasible_base([10.0, 20.0], 400, 64) is None
+    with pytest.raises(ValueError, match="context_length"):
+        base_is_feasible(1e4, 0)
