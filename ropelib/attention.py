@@ -225,7 +225,7 @@ class StandardAttentionWithRoPE(nn.Module):
             ends = [offset + max(q.shape[-2], k.shape[-2])]
             ends += [int(p.max()) + 1 for p in (positions, key_positions)
                      if p is not None and p.numel()]
-            cos, sin = self.rotary.tables(max(ends))
+            cos, sin = self.rotary.tables(max(ends), q.device)
         else:
             return q, k
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim,

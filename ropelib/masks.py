@@ -70,6 +70,10 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         if attn_mask.is_floating_point():
             if torch.isnan(attn_mask).any():
                 raise ValueError(NAN_MASK_HELP)
+            if torch.isposinf(attn_mask).any():
+                raise ValueError("attn_mask contains +inf: a score plus inf is inf, and the "
+                                 "softmax of a row holding inf is NaN. Use 0 to keep a key "
+                                 "and -inf to mask it")
             attn_mask = attn_mask.to(dtype)
     if is_causal:
         causal = causal_mask(q_len, k_len, device)

@@ -86,19 +86,49 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if unknown:
         raise ValueError(f"scaling of rope_type {kind!r} does not accept the key(s) {unknown}; "
                          f"accepted keys: {sorted(allowed)}")
-    factor = params.get("factor", 1.0)
-    if kind != "default" and not (isinstance(factor, (int, float)) and factor >= 1.0):
-        raise ValueError(f"scaling['factor'] must be a number >= 1, got {factor!r}")
+    if kind != "default" or "factor" in params:
+        _check_number("factor", params.get("factor", 1.0), at_least=1.0)
     original = params.get("original_max_position_embeddings")
-    if original is not None and not (isinstance(original, int) and original > 0):
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int)
+                                 or original <= 0):
         raise ValueError("scaling['original_max_position_embeddings'] must be a positive int, "
                          f"got {original!r}")
+    if kind == "yarn":
+        beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
+        _check_number("beta_fast", beta_fast, above=0.0)
+        _check_number("beta_slow", beta_slow, above=0.0)
+        if beta_fast < beta_slow:
+            raise ValueError(f"scaling['beta_fast'] ({beta_fast}) must be >= "
+                             f"scaling['beta_slow'] ({beta_slow}): pairs turning more than "
+                             "beta_fast times are kept, fewer than beta_slow times interpolated")
+        if params.get("attention_factor") is not None:
+            _check_number("attention_factor", params["attention_factor"], above=0.0)
+        for key in ("mscale", "mscale_all_dim"):
+            if params.get(key) is not None:
+                _check_number(key, params[key], at_least=0.0)
+        if not isinstance(params.get("truncate", True), bool):
+            raise ValueError(f"scaling['truncate'] must be a bool, got {params['truncate']!r}")
+    if kind == "llama3":
+        for key, default in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0)):
+            _check_number(key, params.get(key, default), above=0.0)
     return kind, params
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
     """NTK-aware base: base * factor^(dim / (dim - 2))."""
     return base * factor ** (dim / (dim - 2))
+
+
+def _check_number(key: str, value: object, *, at_least: float | None = None,
+                  above: float | None = None) -> None:
+    """A finite real number (not a bool) >= at_least or > above, else a ValueError naming
+    ``scaling[key]``."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+          and math.isfinite(value) and (at_least is None or value >= at_least)
+          and (above is None or value > above))
+    if not ok:
+        bound = f">= {at_least:g}" if at_least is not None else f"> {above:g}"
+        raise ValueError(f"scaling['{key}'] must be a finite number {bound}, got {value!r}")
 
 
 def yarn_correction_range(
@@ -180,6 +210,12 @@ def scaled_frequencies(
     """
     kind, p = _validated(config)
     check_base(base)
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
+                                or seq_len < 0):
+        raise ValueError(f"seq_len must be a non-negative int or None, got {seq_len!r}")
+    if kind in ("ntk", "dynamic") and dim == 2:
+        raise ValueError(f"dim must be >= 4 for {kind!r} scaling (the base grows by "
+                         "factor^(dim / (dim - 2))), got 2")
     theta = default_frequencies(dim, base)
     if kind == "default":
         return theta, 1.0

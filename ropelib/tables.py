@@ -106,7 +106,9 @@ class RotaryEmbedding(nn.Module):
         device: device of the buffers.
 
     Buffers (not saved in state dicts): ``inv_freq`` ``(dim // 2,)`` float32, ``cos_cached``
-    and ``sin_cached`` ``(cached_len, dim // 2)`` float32.
+    and ``sin_cached`` ``(cached_len, dim // 2)`` float32 (float64 after ``double()``), the
+    dtype and layout the kernel reads. They belong to the module: they are rebuilt when the
+    cache grows, after ``to()`` / ``to_empty()`` and by ``reset_parameters()``.
     """
 
     def __init__(self, dim: int, base: float = 10000.0, *, scaling: Mapping | None = None,
@@ -132,14 +134,37 @@ class RotaryEmbedding(nn.Module):
     def cached_len(self) -> int:
         return self.cos_cached.shape[0]
 
-    def _build(self, length: int, freq_len: int | None = None) -> None:
-        device = self.cos_cached.device
-        inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len)
-        positions = torch.arange(length, dtype=torch.float64)
-        self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
-                                                             device, torch.float32)
-        self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+    def _build(self, length: int, freq_len: int | None = None,
+               device: torch.device | None = None) -> None:
+        """New tables for positions ``0 .. length - 1`` (frequencies for ``freq_len``, the
+        dynamic rule's length) on ``device`` (default: where the tables are), in float64 if
+        they are float64 (``double()``) and float32 otherwise.
+        They are ordinary tensors even inside ``torch.inference_mode()`` (decoding there grows
+        the cache), so the module trains afterwards."""
+        device = self.cos_cached.device if device is None else device
+        dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
+        with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
+            inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling,
+                                                  seq_len=freq_len)
+            positions = torch.arange(length, dtype=torch.float64)
+            self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
+                                                                 device, dtype)
+            self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self._scaled_for = freq_len
+
+    def reset_parameters(self) -> None:
+        """Recompute theta_i and the tables (same length and device), e.g. after construction
+        on the meta device and ``to_empty()``; ``to()``, ``to_empty()``, ``cuda()`` and the
+        like call it. The tables are float64 after ``double()`` and float32 otherwise (angles
+        need the precision: ``half()`` does not make them half), and nothing is computed on
+        the meta device."""
+        if not self.cos_cached.is_meta:
+            self._build(self.cached_len, self._scaled_for)
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self.reset_parameters()
+        return self
 
     def _ensure(self, length: int) -> None:
         if not self.dynamic:
@@ -154,13 +179,19 @@ class RotaryEmbedding(nn.Module):
         elif length > self.cached_len:
             self._build(length)
 
-    def tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, length: int, device: torch.device | str | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached ``(cos, sin)``, grown to cover at least ``length`` positions.
 
         The result may have more than ``length`` rows; ``apply_rope`` selects the rows it needs.
+        ``device``: where the caller's tensors are; tables still on the meta device (e.g. after
+        ``load_state_dict(..., assign=True)``, which does not load these buffers) are built
+        there.
         """
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"length must be a non-negative int, got {length!r}")
+        if device is not None and self.cos_cached.is_meta and torch.device(device).type != "meta":
+            self._build(self.cached_len, self._scaled_for, torch.device(device))
         self._ensure(length)
         return self.cos_cached, self.sin_cached
 

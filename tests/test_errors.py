@@ -247,7 +247,7 @@ CASES = {
         ValueError, r"scaling of rope_type 'linear' does not accept the key\(s\) \['beta_fast'\]"),
     "factor below one": (
         lambda: RotaryEmbedding(8, scaling={"rope_type": "ntk", "factor": 0.5}), ValueError,
-        r"scaling\['factor'\] must be a number >= 1, got 0.5"),
+        r"scaling\['factor'\] must be a finite number >= 1, got 0.5"),
     "scaling not a dict": (
         lambda: rope_frequencies(8, scaling="linear"), TypeError, r"scaling must be a dict"),
     "llama3 factors in the wrong order": (
