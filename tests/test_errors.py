@@ -39,6 +39,17 @@ def rotate_into_own_transpose(x):
     return apply_rope(x, *tables(4, 4), out=x.transpose(-2, -1))
 
 
+def overlapping_table_out(name: str):
+    """out= a view into the cos or sin table that x is rotated with."""
+    cos, sin = tables(8, 8)
+    table = cos if name == "cos" else sin
+    return apply_rope(x_of(4, 8), cos, sin, out=table.view(-1)[:32].view(4, 8))
+
+
+def yarn(**params):
+    return {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, **params}
+
+
 X = torch.randn(2, 5, 16)  # (B, N, D) for attn()
 
 CASES = {
@@ -256,6 +267,57 @@ CASES = {
                                              "original_max_position_embeddings": 64}),
         ValueError,
         r"scaling\['high_freq_factor'\] \(1.0\) must exceed scaling\['low_freq_factor'\] \(4.0\)"),
+    # ---- issue 13: inputs that used to pass silently or fail with an unclear error
+    "out overlapping cos": (
+        lambda: overlapping_table_out("cos"), ValueError, r"out shares memory with cos"),
+    "out overlapping sin": (
+        lambda: overlapping_table_out("sin"), ValueError, r"out shares memory with sin"),
+    "float mask with +inf": (
+        lambda: attn()(X, X, X, attn_mask=torch.zeros(5, 5).fill_diagonal_(float("inf"))),
+        ValueError, r"attn_mask contains \+inf"),
+    "infinite factor": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "linear", "factor": float("inf")}),
+        ValueError, r"scaling\['factor'\] must be a finite number >= 1, got inf"),
+    "bool factor": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "linear", "factor": True}),
+        ValueError, r"scaling\['factor'\] must be a finite number >= 1, got True"),
+    "nan factor": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "ntk", "factor": float("nan")}),
+        ValueError, r"scaling\['factor'\] must be a finite number >= 1, got nan"),
+    "bool original_max_position_embeddings": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "yarn", "factor": 2.0,
+                                             "original_max_position_embeddings": True}),
+        ValueError, r"original_max_position_embeddings'\] must be a positive int, got True"),
+    "yarn beta_fast below beta_slow": (
+        lambda: scaled_frequencies(64, 1e4, yarn(beta_fast=1.0, beta_slow=32.0)), ValueError,
+        r"scaling\['beta_fast'\] \(1.0\) must be >= scaling\['beta_slow'\] \(32.0\)"),
+    "yarn beta_fast zero (log domain)": (
+        lambda: scaled_frequencies(64, 1e4, yarn(beta_fast=0.0, beta_slow=0.0)), ValueError,
+        r"scaling\['beta_fast'\] must be a finite number > 0, got 0.0"),
+    "yarn negative attention_factor": (
+        lambda: scaled_frequencies(64, 1e4, yarn(attention_factor=-1.0)), ValueError,
+        r"scaling\['attention_factor'\] must be a finite number > 0, got -1.0"),
+    "yarn truncate not a bool": (
+        lambda: scaled_frequencies(64, 1e4, yarn(truncate="no")), ValueError,
+        r"scaling\['truncate'\] must be a bool, got 'no'"),
+    "llama3 low_freq_factor zero (division by zero)": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "llama3", "factor": 8.0,
+                                             "original_max_position_embeddings": 64,
+                                             "low_freq_factor": 0.0}),
+        ValueError, r"scaling\['low_freq_factor'\] must be a finite number > 0, got 0.0"),
+    "dynamic negative seq_len": (
+        lambda: scaled_frequencies(64, 1e4, {"rope_type": "dynamic", "factor": 2.0,
+                                             "original_max_position_embeddings": 64}, seq_len=-1),
+        ValueError, r"seq_len must be a non-negative int or None, got -1"),
+    "ntk with dim 2 (division by zero)": (
+        lambda: scaled_frequencies(2, 1e4, {"rope_type": "ntk", "factor": 2.0}), ValueError,
+        r"dim must be >= 4 for 'ntk' scaling"),
+    "bool offset": (
+        lambda: apply_rope(x_of(2, 2, 8), *tables(5, 8), offset=True), ValueError,
+        r"offset must be a non-negative int, got True"),
+    "float offset": (
+        lambda: apply_rope(x_of(2, 2, 8), *tables(5, 8), offset=1.0), ValueError,
+        r"offset must be a non-negative int, got 1.0"),
 }
 
 
