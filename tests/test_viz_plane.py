@@ -118,6 +118,28 @@ def test_score_curve_is_the_function_of_the_gap():
         assert value == pytest.approx(plane_state(theta, gap, 0, q, k).dot, abs=1e-12)
 
 
+@pytest.mark.parametrize("theta, m, n, q, k", CASES)
+def test_current_gap_marker_lies_inside_the_score_panel(theta, m, n, q, k):
+    fig = Figure()
+    draw_rotation_plane(fig, theta, m, n, q=q, k=k)
+    (marker,) = by_gid(fig, "current_score")
+    low, high = fig.axes[1].get_xlim()
+    assert low < marker.get_xdata()[0] < high
+    bottom, top = fig.axes[1].get_ylim()
+    assert bottom < marker.get_ydata()[0] < top
+
+
+def test_score_panel_widens_only_for_a_gap_beyond_max_gap():
+    fig = Figure()
+    draw_rotation_plane(fig, 0.5, 12, 0, max_gap=12)  # at the edge: unchanged
+    assert fig.axes[1].get_xlim() == (-12.5, 12.5)
+    fig = Figure()
+    draw_rotation_plane(fig, 0.5, 0, 20, max_gap=12)  # beyond: widened to 20
+    assert fig.axes[1].get_xlim() == (-20.5, 20.5)
+    (curve,) = by_gid(fig, "score_curve")
+    np.testing.assert_array_equal(curve.get_xdata(), np.arange(-20, 21))
+
+
 def test_dot_is_fixed_along_a_fixed_gap():
     dots = [plane_state(0.5, m, m - 3).dot for m in range(3, 40)]
     assert max(dots) - min(dots) < 1e-12
@@ -137,7 +159,7 @@ def test_scrubber_renders_every_frame():
 
 def test_live_slider_redraws_without_error():
     box = live_slider(partial(draw_rotation_plane, q=(1.0, 0.5)), figsize=(4.0, 2.0),
-                      theta=(0.0, 3.1, 0.05, 0.5), m=(0, 20, 1, 5), n=(0, 20, 1, 2))
+                      theta=(0.0, 3.1, 0.05, 0.5), m=(0, 12, 1, 5), n=(0, 12, 1, 2))
     controls = {c.description: c for c in box.children[0].children}
     assert set(controls) == {"theta", "m", "n"}
     controls["m"].value = 9

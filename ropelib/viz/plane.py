@@ -137,7 +137,9 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
         m: position of the query.
         n: position of the key.
         q, k: the unrotated query and key.
-        max_gap: the right panel shows the score for gaps m - n in [-max_gap, max_gap].
+        max_gap: the right panel shows the score for gaps m - n in [-max_gap, max_gap],
+            widened to [-|m - n|, |m - n|] (rounded up) when the current gap lies outside,
+            so the marker of the current gap is always inside the panel.
 
     Returns:
         The :class:`PlaneState` that was drawn.
@@ -145,6 +147,7 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
     state = plane_state(theta, m, n, q, k)
     if isinstance(max_gap, bool) or not isinstance(max_gap, int) or max_gap < 1:
         raise ValueError(f"max_gap must be a positive int, got {max_gap!r}")
+    gap_range = max(max_gap, math.ceil(abs(state.m - state.n)))
     plane, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.25]})
 
     radius = 1.35 * max(float(np.linalg.norm(state.q)), float(np.linalg.norm(state.k)), 1e-9)
@@ -185,23 +188,23 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
 
     norm = float(np.linalg.norm(state.q) * np.linalg.norm(state.k))
     alpha = math.atan2(state.q[1], state.q[0]) - math.atan2(state.k[1], state.k[0])
-    gaps = np.linspace(-max_gap, max_gap, 8 * max_gap + 1)
+    gaps = np.linspace(-gap_range, gap_range, 8 * gap_range + 1)
     curve.plot(gaps, norm * np.cos(alpha + gaps * state.theta), color="0.6", lw=1.0)
-    integer_gaps = np.arange(-max_gap, max_gap + 1)
+    integer_gaps = np.arange(-gap_range, gap_range + 1)
     curve.plot(integer_gaps, norm * np.cos(alpha + integer_gaps * state.theta), "o",
                color="0.45", ms=3, gid="score_curve")
     curve.plot([state.m - state.n], [state.dot], "o", color=ANGLE_COLOR, ms=9,
                gid="current_score")
     curve.axhline(0.0, color="0.8", lw=0.6, zorder=0)
-    curve.set_xlim(-max_gap - 0.5, max_gap + 0.5)
+    curve.set_xlim(-gap_range - 0.5, gap_range + 0.5)
     top = norm if norm > 0 else 1.0  # a zero q or k: flat curve, keep a visible range
     curve.set_ylim(-1.15 * top, 1.15 * top)
     curve.set_xlabel("gap m − n")
     curve.set_ylabel("score")
     curve.text(0.5, 1.02, "score against the gap", transform=curve.transAxes, ha="center",
                va="bottom", fontsize=10)
-    step = max(1, max_gap // 2)
-    curve.set_xticks(np.arange(-(max_gap // step) * step, max_gap + 1, step))
+    step = max(1, gap_range // 2)
+    curve.set_xticks(np.arange(-(gap_range // step) * step, gap_range + 1, step))
     curve.set_yticks([-top, 0.0, top], [f"{-top:.2f}", "0", f"{top:.2f}"])
     fig.subplots_adjust(left=0.02, right=0.98, bottom=0.2, top=0.9, wspace=0.3)
     return state
