@@ -92,7 +92,7 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     check_float_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
-    head_dim = x.shape[-1]
+    head_dim = int(x.shape[-1])  # a traced size under torch.jit.trace
     rd = head_dim if rotary_dim is None else rotary_dim
     if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
         what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
@@ -181,6 +181,12 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     if positions.numel() == 0:
+        return
+    if torch.compiler.is_compiling():  # checked on the tensors: no data-dependent graph break
+        torch._assert_async(positions.min() >= 0, "positions must be >= 0")
+        if short_table == "raise":
+            torch._assert_async(positions.max() < table_len,
+                                f"positions must be < {table_len}, the cos/sin table length")
         return
     low, high = int(positions.min()), int(positions.max())
     if low < 0:
