@@ -415,12 +415,13 @@ def test_row15_tables_die_with_their_last_reference():
     by apply_rope is freed as soon as the caller drops it."""
     gc.disable()
     try:
-        cos, sin = generate_rope_embeddings(8, 8, dtype=F64)
-        apply_rope(torch.randn(2, 8, 8), cos, sin)
-        apply_rope(torch.randn(2, 8, 8), cos, sin)
-        refs = weakref.ref(cos), weakref.ref(sin)
-        del cos, sin
-        assert refs[0]() is None and refs[1]() is None
+        for dtype in (torch.float32, F64):
+            cos, sin = generate_rope_embeddings(8, 8, dtype=dtype)
+            apply_rope(torch.randn(2, 8, 8), cos, sin)
+            apply_rope(torch.randn(2, 8, 8), cos, sin, layout="half")
+            refs = weakref.ref(cos), weakref.ref(sin)
+            del cos, sin
+            assert refs[0]() is None and refs[1]() is None, dtype
     finally:
         gc.enable()
 
