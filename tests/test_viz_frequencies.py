@@ -75,3 +75,12 @@ def test_similarity_curves_are_drawn_as_given():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b"]
     with pytest.raises(ValueError, match="one value per gap"):
         draw_distance_similarity(ax, gaps, {"c": np.zeros(4)})
+
+
+def test_similarity_marks_the_closest_pair():
+    fig = Figure()
+    ax = fig.add_subplot()
+    gaps = np.arange(1, 800)
+    draw_distance_similarity(ax, gaps, {"one": np.cos(gaps)}, closest=(710, np.cos(710)))
+    (dot,) = by_gid(fig, "closest")
+    assert list(dot.get_xdata()) == [710] and dot.get_ydata()[0] == pytest.approx(1.0, abs=1e-8)

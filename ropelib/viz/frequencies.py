@@ -113,13 +113,16 @@ def draw_wavelength_slider(fig: Figure, log10_base: float, head_dim: int, *,
 
 
 def draw_distance_similarity(ax: Axes, gaps: Sequence[float],
-                             similarities: Mapping[str, Sequence[float]]) -> list[Line2D]:
+                             similarities: Mapping[str, Sequence[float]], *,
+                             closest: tuple[float, float] | None = None) -> list[Line2D]:
     """Cosine similarity of two distances' rotation angles against their gap.
 
     Args:
         ax: the Axes to draw on.
         gaps: the gaps D1 - D2 (x axis).
         similarities: ``{label: similarity at each gap}``.
+        closest: an optional ``(gap, similarity)`` marked with a red dot (the most alike
+            pair, :func:`ropelib.analysis.most_similar_distances`).
 
     Returns:
         One line per series, in the mapping's order.
@@ -133,6 +136,8 @@ def draw_distance_similarity(ax: Axes, gaps: Sequence[float],
                              f"({x.shape}), got shape {y.shape}")
         (line,) = ax.plot(x, y, lw=0.8, linestyle=_STYLES[j % len(_STYLES)], label=label)
         lines.append(line)
+    if closest is not None:
+        ax.plot([closest[0]], [closest[1]], "o", color="tab:red", ms=6, gid="closest")
     ax.axhline(1.0, color="0.6", lw=0.6, ls=":")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("gap between the two distances")
