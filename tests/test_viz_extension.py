@@ -13,6 +13,7 @@ from ropelib.viz.extension import (
     METHOD_STYLES,
     accuracy_table_html,
     draw_accuracy_by_length,
+    draw_accuracy_by_position,
     draw_frequency_scaling,
     draw_training_losses,
     extension_frequencies,
@@ -59,7 +60,7 @@ def test_frequency_figure_draws_wavelengths_and_ratios_on_fixed_axes():
     horizontal = [line.get_ydata()[0] for line in left.get_lines()[len(labels):]]
     assert horizontal == [512, 2048.0]                     # L0 and s L0
     assert left.get_yscale() == right.get_yscale() == "log"
-    assert right.get_ylim() == pytest.approx((1 / 24, 1.5))
+    assert right.get_ylim() == pytest.approx((1 / 48, 1.5))    # dynamic factor 2 x 16
     other = agg_figure()
     draw_frequency_scaling(other, 16.0, dim=32, original_len=512, max_factor=16.0)
     assert other.axes[0].get_ylim() == left.get_ylim()     # slider frames share axes
@@ -78,8 +79,9 @@ def test_accuracy_plot_draws_each_model_against_length():
     ax = fig.add_subplot()
     acc = {"rope": [1.0, 0.9, 0.5, 0.3], "pi": [1.0, 0.4, float("nan"), 0.1]}
     lines = draw_accuracy_by_length(ax, [64, 128, 256, 512], acc, train_length=64,
-                                    chance=1 / 16)
+                                    chance=1 / 16, colors={"pi": "tab:green"})
     assert [line.get_label() for line in lines] == ["rope", "pi"]
+    assert lines[1].get_color() == "tab:green"
     np.testing.assert_array_equal(lines[0].get_xdata(), [64, 128, 256, 512])
     np.testing.assert_array_equal(lines[1].get_ydata(), acc["pi"])
     assert ax.get_xscale() == "log"
@@ -117,3 +119,16 @@ def test_accuracy_table_lists_percentages_per_length():
     assert "<tr><td>PI &amp; FT</td><td>&ndash;</td><td>25.0</td></tr>" in html
     with pytest.raises(ValueError, match=r"accuracies\['a'\] has 1 values but there are 2"):
         accuracy_table_html([64, 128], {"a": [1.0]}, train_length=64)
+
+
+def test_accuracy_by_position_averages_each_bin_and_skips_missing_targets():
+    ax = agg_figure().add_subplot()
+    right = np.array([[np.nan, 1, 1, 0, 0, 0], [np.nan, 1, 0, 0, 1, 1]])
+    drawn = draw_accuracy_by_position(ax, {"a": right}, train_length=2, bin_size=2)
+    np.testing.assert_allclose(drawn["a"], [1.0, 0.25, 0.5])
+    (line,) = ax.get_lines()[:1]
+    np.testing.assert_allclose(line.get_xdata(), [0.5, 2.5, 4.5])
+    late = draw_accuracy_by_position(ax, {"a": right}, train_length=2, bin_size=3, start=2)
+    np.testing.assert_allclose(late["a"], [0.5, 1 / 3])
+    with pytest.raises(ValueError, match="bin_size must be a positive int dividing seq=6"):
+        draw_accuracy_by_position(ax, {"a": right}, train_length=2, bin_size=4)

@@ -4,8 +4,9 @@ the toy models of the look-back experiment fare at lengths they were not trained
 ``extension_frequencies`` computes, with ``ropelib.scaling``, the per-pair frequencies of every
 method for one scale factor s; ``draw_frequency_scaling`` draws them as wavelengths against the
 trained context (left) and as the ratio theta_i' / theta_i (right), in the ``draw(fig, **params)``
-form that ``live_slider`` and ``scrubber`` take. ``draw_accuracy_by_length`` and
-``draw_training_losses`` draw the experiment's results, ``accuracy_table_html`` tabulates them.
+form that ``live_slider`` and ``scrubber`` take. ``draw_accuracy_by_length``,
+``draw_accuracy_by_position`` and ``draw_training_losses`` draw the experiment's results and
+``accuracy_table_html`` tabulates them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from matplotlib.lines import Line2D
 from ..scaling import scaled_frequencies
 
 __all__ = ["METHOD_STYLES", "accuracy_table_html", "draw_accuracy_by_length",
-           "draw_frequency_scaling", "draw_training_losses", "extension_frequencies"]
+           "draw_accuracy_by_position", "draw_frequency_scaling", "draw_training_losses",
+           "extension_frequencies"]
 
 # label -> (color, linestyle); the order is the legend's
 METHOD_STYLES = {
@@ -103,20 +105,25 @@ def draw_frequency_scaling(fig: Figure, factor: float, *, dim: int = 128,
     left.set_ylabel(r"wavelength $2\pi / \theta_i'$ (positions)")
     left.set_title(f"s = {factor:g}", fontsize="medium")
     right.set_yscale("log")
-    right.set_ylim(1 / (max_factor * 1.5), 1.5)
+    # dynamic NTK's effective factor at length s L0 reaches dynamic_factor * s
+    right.set_ylim(1 / (max(1.0, dynamic_factor) * max_factor * 1.5), 1.5)
     right.set_xlabel("pair index i")
     right.set_ylabel(r"$\theta_i' / \theta_i$")
     right.axhline(1 / factor, color="0.5", linewidth=1, linestyle="--")
-    right.legend(fontsize="x-small", loc="lower left")
     for ax in (left, right):
         ax.set_xlim(0, dim // 2 - 1)
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
+    # fixed margins, not tight_layout: every frame of a slider gets the same layout, fast
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.3, top=0.92, wspace=0.3)
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(freqs),
+               fontsize="small", frameon=False)
     return freqs
 
 
 def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, Any], *,
-                            train_length: int, chance: float | None = None) -> list[Line2D]:
+                            train_length: int, chance: float | None = None,
+                            colors: Mapping[str, str] | None = None) -> list[Line2D]:
     """Accuracy against evaluation length (log2 x axis), one line per model.
 
     Args:
@@ -126,9 +133,10 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
             (a method not evaluated at that length).
         train_length: drawn as a vertical line.
         chance: the accuracy of guessing, drawn as a dotted line.
+        colors: optional ``{label: color}``, so a model keeps its color across panels.
 
     Returns:
-        One line per model, in the order given.
+        One line per model, in the order given; the legend goes below the axes.
     """
     n = np.asarray(lengths, dtype=float)
     if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
@@ -145,7 +153,8 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
         finite = acc[np.isfinite(acc)]
         if np.any((finite < 0) | (finite > 1)):
             raise ValueError(f"accuracies[{label!r}] must lie in [0, 1], got {acc.tolist()}")
-        (line,) = ax.plot(n, acc, "o-", label=label, markersize=4)
+        color = (colors or {}).get(label)
+        (line,) = ax.plot(n, acc, "o-", label=label, markersize=4, color=color)
         lines.append(line)
     ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--")
     if chance is not None:
@@ -157,8 +166,56 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
     ax.set_xlabel("evaluation length N")
     ax.set_ylabel("look-back accuracy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="lower left", ncol=2)
+    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+              frameon=False)
     return lines
+
+
+def draw_accuracy_by_position(ax: Axes, correct: Mapping[str, Any], *, train_length: int,
+                              bin_size: int, start: int = 0,
+                              colors: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Accuracy against the query's position m, in bins of ``bin_size`` positions.
+
+    Args:
+        ax: the Axes to draw on.
+        correct: ``{label: (batch, seq) array}`` of 1 (right), 0 (wrong) or NaN (no target),
+            all of one shape.
+        train_length: drawn as a vertical line (positions beyond it see unseen distances).
+        bin_size: positions per bin; the sequence length must be a multiple of it.
+        start: positions before it are left out (e.g. those without a target).
+        colors: optional ``{label: color}``.
+
+    Returns:
+        ``{label: accuracy per bin}``, the values drawn at the bins' centres.
+    """
+    if not correct:
+        raise ValueError("correct must hold at least one model, got an empty mapping")
+    arrays = {label: np.asarray(v, dtype=float) for label, v in correct.items()}
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"correct must hold (batch, seq) arrays of one shape, got {shapes}")
+    seq = next(iter(shapes))[1]
+    if isinstance(bin_size, bool) or not isinstance(bin_size, int) or bin_size < 1 \
+            or seq % bin_size:
+        raise ValueError(f"bin_size must be a positive int dividing seq={seq}, got {bin_size!r}")
+    edges = np.arange(0, seq + 1, bin_size)
+    centres = (edges[:-1] + edges[1:] - 1) / 2
+    drawn = {}
+    for label, a in arrays.items():
+        a = a.copy()
+        a[:, :start] = np.nan
+        per_bin = np.array([np.nanmean(a[:, lo:hi]) if np.isfinite(a[:, lo:hi]).any()
+                            else np.nan for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
+        ax.plot(centres, per_bin, ".-", label=label, color=(colors or {}).get(label))
+        drawn[label] = per_bin
+    ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlim(0, seq)
+    ax.set_xlabel("query position m")
+    ax.set_ylabel("look-back accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small", loc="lower left")
+    return drawn
 
 
 def draw_training_losses(ax: Axes, losses: Mapping[str, Sequence[float]], *,
