@@ -5,12 +5,16 @@
 
 Everything in one table is measured in one run, round-robin (see ropelib.bench), and printed
 as the median time, the ratio to ``clone`` and to ``copy_`` into a preallocated buffer, and
-the bandwidth of a read plus a write of x.
+the bandwidth of a read plus a write of x. Each RoPE table is timed in a fresh process (this
+script run with ``--table``), so no table inherits another's allocator state, compiled code
+or warmed caches.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import torch
 
@@ -36,32 +40,60 @@ def print_table(title: str, medians: dict[str, float], nbytes: int, compile_s: d
         print(f"  ({name}: first call, including compilation, {seconds:.1f} s)")
 
 
+def forward_table(x: torch.Tensor, layout: str, repeats: int, compile_peers: bool) -> None:
+    cases = bench.forward_candidates(x, layout)
+    compile_s = None
+    if compile_peers:
+        compiled, compile_s = bench.compiled_candidates(x, layout)
+        cases.update(compiled)
+    medians = bench.time_round_robin(cases, x.device, repeats=repeats)
+    print_table(f"forward, {layout}, {x.dtype}, {tuple(x.shape)}, {x.device}", medians,
+                bench.bytes_moved(x), compile_s)
+
+
+def backward_table(x: torch.Tensor, layout: str, repeats: int) -> None:
+    """Each forward alone (recording autograd, as in training) and forward + backward."""
+    cases = {**bench.training_forward_candidates(x, layout),
+             **bench.backward_candidates(x, layout)}
+    medians = bench.time_round_robin(cases, x.device, repeats=repeats)
+    medians["clone"] = medians.pop("clone fwd+bwd")
+    print_table(f"forward+backward, {layout}, {x.dtype}, {tuple(x.shape)}, {x.device}",
+                medians, bench.bytes_moved(x))
+    ratios = ", ".join(f"{name} {medians[f'{name} fwd+bwd'] / medians[f'{name} fwd']:.2f}"
+                       for name in ("ropelib", *bench.PEERS[layout]))
+    ratios += f", clone {medians['clone'] / medians['clone fwd']:.2f}"
+    ratios += (", autograd floor "
+               f"{medians['autograd floor fwd+bwd'] / medians['autograd floor fwd']:.2f}")
+    print(f"  fwd+bwd / fwd: {ratios}")
+
+
+def one_table(spec: str, device: torch.device, repeats: int, compile_peers: bool) -> None:
+    """The table ``KIND:SHAPE:DTYPE:LAYOUT``, e.g. ``forward:4,16,2048,128:bfloat16:half``."""
+    kind, shape, dtype, layout = spec.split(":")
+    x = torch.randn(tuple(int(n) for n in shape.split(",")), device=device).to(
+        getattr(torch, dtype))
+    if kind == "forward":
+        forward_table(x, layout, repeats, compile_peers)
+    else:
+        backward_table(x, layout, repeats)
+
+
 def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool) -> None:
+    """Every table, each in a fresh process of this script."""
     for shape in shapes:
         for dtype in DTYPES:
-            x = torch.randn(shape, device=device).to(dtype)
             for layout in ("half", "interleaved"):
-                cases = bench.forward_candidates(x, layout)
-                compile_s = None
-                if compile_peers:
-                    compiled, compile_s = bench.compiled_candidates(x, layout)
-                    cases.update(compiled)
-                medians = bench.time_round_robin(cases, device, repeats=repeats)
-                print_table(f"forward, {layout}, {dtype}, {tuple(shape)}, {device}", medians,
-                            bench.bytes_moved(x), compile_s)
-                # each forward alone (recording autograd, as in training) in the same run
-                cases = {**bench.training_forward_candidates(x, layout),
-                         **bench.backward_candidates(x, layout)}
-                medians = bench.time_round_robin(cases, device, repeats=repeats)
-                medians["clone"] = medians.pop("clone fwd+bwd")
-                print_table(f"forward+backward, {layout}, {dtype}, {tuple(shape)}, {device}",
-                            medians, bench.bytes_moved(x))
-                ratios = ", ".join(f"{name} {medians[f'{name} fwd+bwd'] / medians[f'{name} fwd']:.2f}"
-                                   for name in ("ropelib", *bench.PEERS[layout]))
-                ratios += f", clone {medians['clone'] / medians['clone fwd']:.2f}"
-                ratios += (", autograd floor "
-                           f"{medians['autograd floor fwd+bwd'] / medians['autograd floor fwd']:.2f}")
-                print(f"  fwd+bwd / fwd: {ratios}")
+                for kind in ("forward", "backward"):
+                    spec = (f"{kind}:{','.join(map(str, shape))}:"
+                            f"{str(dtype).removeprefix('torch.')}:{layout}")
+                    command = [sys.executable, __file__, "--table", spec, "--device", device.type,
+                               "--repeats", str(repeats)]
+                    if not compile_peers:
+                        command.append("--no-compile")
+                    result = subprocess.run(command, capture_output=True, text=True, check=False)
+                    if result.returncode:
+                        raise RuntimeError(f"table {spec} failed:\n{result.stderr[-3000:]}")
+                    print(result.stdout, end="", flush=True)
 
 
 def attention_table(device: torch.device, repeats: int) -> None:
@@ -110,8 +142,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile'd peers")
+    parser.add_argument("--table", help="time only this table (KIND:SHAPE:DTYPE:LAYOUT), in "
+                                        "this process; what every table's fresh process runs")
     args = parser.parse_args()
     repeats = args.repeats or (7 if args.quick else 21)
+    if args.table:
+        one_table(args.table, torch.device(args.device), repeats, not args.no_compile)
+        return
     devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
     if args.device in ("cuda", "all") and torch.cuda.is_available():
         devices.append(torch.device("cuda"))
