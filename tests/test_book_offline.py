@@ -6,27 +6,25 @@ Uses the HTML in $BOOK_HTML when set (``make test`` builds the book first, exact
 For every page of the table of contents, with every non-file request blocked: nothing asks
 for the network, MathJax typesets every formula from the book's own files, no script fails,
 no widget is left without a kernel, every figure has a caption and every image alt text, and
-the jshtml sliders step through their frames.
+the jshtml sliders step through their frames. At a phone's width (390 px) every page of the
+build reads without sideways scrolling and its figures shrink to the column.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from chromium import launch
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+PHONE = {"width": 390, "height": 844}
 
 
 def toc_pages() -> list[str]:
@@ -50,10 +48,8 @@ def html_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = launch(p, str(tmp_path_factory.mktemp("chromium-profile")))
         yield context
         context.close()
 
@@ -117,3 +113,60 @@ def test_jshtml_sliders_step_offline(browser, html_dir):
             stepped += 1
         tab.close()
     assert stepped > 0, "the book has no kernel-free slider"
+
+
+def offline_tab(browser, url: str):
+    """A tab that may load only files (the book is read offline), at ``url``, typeset."""
+    tab = browser.new_page()
+    tab.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+              else route.abort())
+    tab.set_viewport_size(PHONE)
+    tab.goto(url, wait_until="load")
+    if tab.locator(".math").count():
+        tab.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise",
+                              timeout=20000)
+        tab.evaluate("MathJax.startup.promise")
+    return tab
+
+
+# How far the page scrolls sideways; in the article (not the off-screen side panels) the prose
+# blocks wider than their box or the screen, and the images wider than their column or the screen.
+PHONE_LAYOUT = """() => {
+  const width = window.innerWidth, out = {page: document.scrollingElement.scrollWidth - width,
+                                          prose: [], images: []};
+  const article = document.querySelector('main article') || document.body;
+  for (const el of article.querySelectorAll('p, li, dt, dd, h1, h2, h3, figcaption')) {
+    if (el.closest('pre, table, .highlight, .math, mjx-container, .cell_output')) continue;
+    const box = el.getBoundingClientRect();
+    if (box.width && (box.right > width + 1 || el.scrollWidth > el.clientWidth + 1))
+      out.prose.push(el.textContent.trim().slice(0, 60));
+  }
+  for (const img of article.querySelectorAll('img')) {
+    const box = img.getBoundingClientRect(), column = img.parentElement.clientWidth;
+    if (box.width > column + 1 || box.right > width + 1)
+      out.images.push(`${img.src.slice(-40)}: ${Math.round(box.width)} px`);
+  }
+  return out;
+}"""
+
+
+def built_pages(html_dir: Path) -> list[Path]:
+    """Every page of the build but the redirect (index.html) and Sphinx's own folders."""
+    return sorted(path for path in html_dir.rglob("*.html")
+                  if not path.relative_to(html_dir).parts[0].startswith("_")
+                  and 'http-equiv="Refresh"' not in path.read_text()[:1000])
+
+
+def test_every_page_fits_a_phone(browser, html_dir):
+    """At 390 px: no page scrolls sideways, prose wraps inside its column, and every figure
+    (including the frames of the jshtml animations) is scaled down to the column."""
+    pages = built_pages(html_dir)
+    assert pages, f"no HTML pages in {html_dir}"
+    problems = {}
+    for page in pages:
+        tab = offline_tab(browser, page.as_uri())
+        layout = tab.evaluate(PHONE_LAYOUT)
+        tab.close()
+        if layout["page"] > 1 or layout["prose"] or layout["images"]:
+            problems[str(page.relative_to(html_dir))] = layout
+    assert not problems, f"pages that do not fit 390 px: {problems}"

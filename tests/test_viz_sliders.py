@@ -8,7 +8,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from ropelib.viz.sliders import live_slider, scrubber  # noqa: E402
+from ropelib.viz.sliders import LIVE_HINT, live_slider, scrubber  # noqa: E402
 
 
 def draw_line(fig, slope, offset=0.0):
@@ -75,6 +75,28 @@ def test_live_slider_builds_sliders_and_redraws():
     assert calls == [(1.0, 2)]
     sliders[0].value = 1.5
     assert calls[-1] == (1.5, 2)
+
+
+def test_live_slider_shows_each_drawing_as_a_png_whatever_the_backend(monkeypatch):
+    """Without the inline backend (no pyplot import in the kernel) a Figure displays as text;
+    the slider shows PNG bytes itself, one new picture per move."""
+    shown = []
+    monkeypatch.setattr("ropelib.viz.sliders.display", shown.append)
+    widget = live_slider(draw_line, slope=(0.0, 2.0, 0.5, 1.0))
+    widget.children[0].children[0].value = 2.0
+    assert [type(image).__name__ for image in shown] == ["Image", "Image"]
+    assert all(image.format == "png" and image.data.startswith(b"\x89PNG") for image in shown)
+    assert shown[0].data != shown[1].data
+
+
+def test_live_slider_text_is_a_hint_to_run_the_cells():
+    """JupyterLab shows a widget's text/plain where it cannot draw the widget (a reopened,
+    untrusted notebook): the reader then sees what to do, not a "VBox(children=...)" dump."""
+    widget = live_slider(draw_line, slope=(0.0, 2.0, 0.5, 1.0))
+    bundle = widget._repr_mimebundle_()
+    assert bundle["text/plain"] == LIVE_HINT
+    assert "Run All Cells" in LIVE_HINT
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
 
 
 def test_live_slider_rejects_a_bad_spec():

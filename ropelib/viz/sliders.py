@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Callable, Sequence
 from html import escape
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import HTML, display
+from IPython.display import HTML, Image, display
 from matplotlib.animation import FuncAnimation
 from matplotlib.figure import Figure
 
@@ -68,12 +69,26 @@ def offline_controls(html: str) -> str:
     return html
 
 
+LIVE_HINT = "Live sliders: run the notebook's cells (Run > Run All Cells) to use them."
+
+
+class LiveSliders(widgets.VBox):
+    """The sliders and their figure. Where the widget cannot be shown (a reopened notebook
+    whose cells have not run again, a viewer without a kernel) its text says what to do."""
+
+    def __repr__(self) -> str:
+        return LIVE_HINT
+
+
+
 def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),
-                **sliders: tuple[float, float, float, float]) -> widgets.Widget:
+                **sliders: tuple[float, float, float, float]) -> LiveSliders:
     """ipywidgets sliders that redraw ``draw(fig, **values)`` whenever one moves.
 
     Each keyword is ``name=(min, max, step, initial)``; integer bounds give an IntSlider.
-    Returns the widget (display it as a cell's last expression).
+    Returns the widget (display it as a cell's last expression). The figure is shown as a PNG
+    image, whatever matplotlib backend the kernel uses (without the inline backend a Figure
+    displays as the text "<Figure size ...>").
     """
     controls = {}
     for name, spec in sliders.items():
@@ -90,9 +105,11 @@ def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),
             output.clear_output(wait=True)
             fig = Figure(figsize=figsize)
             draw(fig, **{name: c.value for name, c in controls.items()})
-            display(fig)
+            png = io.BytesIO()
+            fig.savefig(png, format="png", bbox_inches="tight")
+            display(Image(data=png.getvalue(), format="png"))
 
     for control in controls.values():
         control.observe(redraw, names="value")
     redraw()
-    return widgets.VBox([widgets.HBox(list(controls.values())), output])
+    return LiveSliders([widgets.HBox(list(controls.values())), output])

@@ -1,0 +1,245 @@
+"""The chapters live in JupyterLab, as a reader runs them (headless Chromium).
+
+JupyterLab starts as ``make lab`` starts it (lab/jupyter_lab_config.py, the pinned JupyterLab
+with jupyterlab-myst), on 127.0.0.1 with a random port and token, serving a copy of book/ so
+that nothing is written into the chapters. Every chapter with a live slider (found by scanning
+the notebooks for ``live_slider``) is opened and run with Run All Cells. Then: no cell has an
+error output; moving each slider redraws its figure; the markdown shows no raw MyST and every
+``{eval}`` name shows the value the kernel computed; the saved notebook keeps its widget state,
+so reopening it shows the widgets instead of "model not found". Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from chromium import launch
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import sync_playwright
+
+from ropelib.viz.sliders import LIVE_HINT
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+RAW_MYST = ("{glue", "{eval", ":::{", "```{", "{cite}", "{numref}", "{doc}")
+EVAL = re.compile(r"\{eval\}`([^`]+)`")
+START_S, OPEN_S, RUN_S, REDRAW_S = 120, 120, 300, 60
+
+
+def live_chapters() -> list[str]:
+    """Chapters whose code calls ``live_slider``."""
+    names = []
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        if any(c["cell_type"] == "code" and "live_slider(" in "".join(c["source"])
+               for c in cells):
+            names.append(path.name)
+    return names
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """(base URL, token, served folder) of a JupyterLab started like ``make lab``."""
+    work = tmp_path_factory.mktemp("lab")
+    served = work / "book"
+    shutil.copytree(ROOT / "book", served,
+                    ignore=shutil.ignore_patterns("_build", ".ipynb_checkpoints", "__pycache__"))
+    port, token = free_port(), secrets.token_hex(16)
+    log = (work / "lab.log").open("w")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"))
+    server = subprocess.Popen(
+        [str(BIN / "jupyter"), "lab", f"--config={ROOT / 'lab' / 'jupyter_lab_config.py'}",
+         f"--ServerApp.root_dir={served}", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
+         "--LabApp.expose_app_in_browser=True"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            assert server.poll() is None, f"JupyterLab exited: {(work / 'lab.log').read_text()}"
+            request = urllib.request.Request(f"{base}/api/status",
+                                             headers={"Authorization": f"token {token}"})
+            try:
+                urllib.request.urlopen(request, timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"JupyterLab did not answer in {START_S} s"
+                time.sleep(0.5)
+        yield base, token, served
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_playwright() as p:
+        context = launch(p, str(tmp_path_factory.mktemp("chromium-profile")))
+        context.set_default_timeout(REDRAW_S * 1000)
+        yield context
+        context.close()
+
+
+PANEL = "jupyterapp.shell.currentWidget"
+KERNEL_IDLE = (f"() => window.jupyterapp && {PANEL} && {PANEL}.context && "
+               f"{PANEL}.context.path === %s && {PANEL}.sessionContext.session && "
+               f"{PANEL}.sessionContext.session.kernel && "
+               f"{PANEL}.sessionContext.session.kernel.status === 'idle'")
+# The code cells' state: cells not run yet, cells queued or running, error outputs.
+RUN_STATE = f"""() => {{
+  const panel = {PANEL}, model = panel.content.model;
+  const state = {{unrun: 0, errors: [], busy: panel.sessionContext.session.kernel.status
+                  !== 'idle' || panel.content.widgets.some(w => w.model.type === 'code'
+                  && w.promptNode && w.promptNode.textContent.includes('*'))}};
+  for (let i = 0; i < model.cells.length; i++) {{
+    const cell = model.cells.get(i), json = cell.toJSON();
+    if (cell.type !== 'code' || !cell.sharedModel.getSource().trim()) continue;
+    if (cell.executionCount === null) state.unrun += 1;
+    for (const out of json.outputs)
+      if (out.output_type === 'error') state.errors.push(`cell ${{i}}: ${{out.ename}}: `
+                                                          + out.evalue);
+  }}
+  return state;
+}}"""
+MARKDOWN = f"""() => {PANEL}.content.widgets.map((w, i) => w.model.type !== 'markdown' ? null
+  : {{index: i, rendered: w.node.querySelector('.myst') !== null,
+      text: (w.node.querySelector('.myst') || {{textContent: ''}}).textContent,
+      expressions: w.model.getMetadata('user_expressions') || []}}).filter(x => x)"""
+
+
+def open_notebook(browser, base: str, token: str, name: str):
+    tab = browser.new_page()
+    tab.set_viewport_size({"width": 1200, "height": 900})
+    tab.goto(f"{base}/lab/tree/{name}?token={token}", timeout=OPEN_S * 1000)
+    tab.wait_for_function(KERNEL_IDLE % json.dumps(name), timeout=OPEN_S * 1000, polling=500)
+    return tab
+
+
+def run_all(tab) -> dict:
+    tab.evaluate(f"{PANEL}.content.activate()")
+    tab.evaluate("jupyterapp.commands.execute('notebook:run-all-cells')")
+    tab.wait_for_function(f"() => {{ const s = ({RUN_STATE})(); "
+                          "return !s.busy && (s.unrun === 0 || s.errors.length > 0); }",
+                          timeout=RUN_S * 1000, polling=500)
+    return tab.evaluate(f"({RUN_STATE})()")
+
+
+def unquoted(text: str) -> str:
+    """A str's repr shown by jupyterlab-myst without its quotes."""
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def move(slider) -> None:
+    """Move a slider from its value to the far end with the keyboard, as a reader can."""
+    handle = slider.locator(".noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    handle.focus()
+    handle.press("Home" if at_max else "End")
+
+
+def test_the_book_has_live_chapters():
+    assert live_chapters(), "no chapter calls live_slider: the scan found nothing to test"
+
+
+def check_live_chapter(browser, lab, name: str) -> None:
+    """Open ``name`` in JupyterLab, run it, and check it as the module docstring says."""
+    base, token, served = lab
+    tab = open_notebook(browser, base, token, name)
+    try:
+        state = run_all(tab)
+        assert not state["errors"], f"{name}: cells raised {state['errors']}"
+        assert state["unrun"] == 0, f"{name}: {state['unrun']} code cells did not run"
+        check_markdown(tab, name)
+        check_sliders(tab, name)
+
+        tab.evaluate("jupyterapp.commands.execute('docmanager:save')")
+        tab.wait_for_function(f"() => !{PANEL}.context.model.dirty", timeout=OPEN_S * 1000)
+        saved = json.loads((served / name).read_text())
+        state = saved["metadata"].get("widgets", {}).get(
+            "application/vnd.jupyter.widget-state+json", {}).get("state")
+        assert state, f"{name}: the saved notebook holds no widget state"
+        tab.evaluate(f"{PANEL}.sessionContext.shutdown()")
+        tab.close()
+        tab = open_notebook(browser, base, token, name)
+        # Trusted, the saved state draws the widgets; untrusted (a notebook saved with {eval}
+        # results, see jupyterlab-myst's notary), the widget's text: the hint to run the cells.
+        tab.wait_for_function(f"() => document.querySelectorAll('.widget-slider').length > 0 || "
+                              f"document.body.innerText.includes({json.dumps(LIVE_HINT)})",
+                              timeout=OPEN_S * 1000, polling=500)
+        assert "model not found" not in tab.locator(".jp-Notebook").inner_text(), (
+            f"{name}: the reopened notebook shows a widget error")
+        tab.evaluate(f"{PANEL}.sessionContext.shutdown()")
+    finally:
+        tab.close()
+
+
+def check_markdown(tab, name: str) -> None:
+    """Every markdown cell rendered by jupyterlab-myst, no raw MyST in it, no ``{glue}`` role
+    (jupyterlab-myst shows its bare key, e.g. "ch4_gap", instead of the number), and every
+    ``{eval}`` name evaluated by the kernel and its value in the text."""
+    for cell in tab.evaluate(MARKDOWN):
+        where = f"{name}, markdown cell {cell['index']}"
+        source = tab.evaluate(f"{PANEL}.content.model.cells.get({cell['index']})"
+                              ".sharedModel.getSource()")
+        assert "{glue" not in source, f"{where}: a {{glue}} role shows its key in JupyterLab"
+        assert cell["rendered"], f"{where} was not rendered by jupyterlab-myst"
+        raw = [marker for marker in RAW_MYST if marker in cell["text"]]
+        assert not raw, f"{where} shows raw MyST {raw}: {cell['text'][:200]!r}"
+        results = {e["expression"]: e["result"] for e in cell["expressions"]}
+        for expression in EVAL.findall(source):
+            result = results.get(expression, {})
+            assert result.get("status") == "ok", f"{where}: {{eval}}`{expression}` gave {result}"
+            text = unquoted(result["data"]["text/plain"])
+            assert text in cell["text"], f"{where}: {expression} = {text!r} is not shown"
+
+
+def check_sliders(tab, name: str) -> None:
+    """Each live slider, moved, redraws the figure of its own widget box."""
+    boxes = [box for box in tab.locator(".widget-vbox").all()
+             if box.locator(".widget-slider").count()]
+    assert boxes, f"{name}: no live slider was displayed"
+    for box in boxes:
+        image = box.locator(".widget-output img").first
+        for slider in box.locator(".widget-slider").all():
+            label = slider.locator(".widget-label").first.inner_text()
+            before = image.get_attribute("src")
+            move(slider)
+            try:
+                tab.wait_for_function("([box, before]) => { const img = box.querySelector("
+                                      "'.widget-output img'); return img && img.src !== before; }",
+                                      arg=[box.element_handle(), before],
+                                      timeout=REDRAW_S * 1000, polling=200)
+            except PlaywrightTimeout:
+                pytest.fail(f"{name}: moving slider {label} did not redraw its figure "
+                            f"in {REDRAW_S} s")
+
+
+@pytest.mark.parametrize("name", live_chapters())
+def test_live_chapter_runs_and_its_sliders_redraw(browser, lab, name):
+    check_live_chapter(browser, lab, name)
