@@ -281,3 +281,33 @@ def test_table_leaves_out_columns_blank_in_every_row():
     assert cells(rows[0]) == ["formulation", "median (µs)", "/ clone", "GB/s"]
     assert 'colspan="4"' in rows[1]
     assert cells(rows[3]) == ["ropelib", "3,000", "1.50", "0.7"]
+
+
+def test_table_marks_modelled_traffic_with_a_star():
+    html = speed_table_html({"f": MEDIANS}, {"f": 2_000_000},
+                            traffic={"f": {"ropelib": 1.03, "peer": 5.06}},
+                            modelled=("ropelib", "clone"))
+    rows = {cells(row)[0]: cells(row) for row in re.findall(r"<tr[^>]*>.*?</tr>", html)}
+    assert rows["ropelib"][1] == "1.03*"   # a model: starred
+    assert rows["peer"][1] == "5.06"       # a count: plain
+    assert rows["clone"][1] == ""          # no traffic given: nothing to star
+
+
+@torch.library.custom_op("ropelib_test::scale_then_add", mutates_args=())
+def _scale_then_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2.0 + y
+
+
+def test_memory_traffic_opens_custom_operators():
+    """A torch.library operator is counted by the ATen operators its implementation runs."""
+    x, y = torch.zeros(1000), torch.zeros(1000)
+    counted = memory_traffic(lambda: _scale_then_add(x, y))
+    assert counted.names == ["aten::mul.Tensor", "aten::add.Tensor"]
+    assert counted.read == 4 * (1000 + 2000) and counted.written == 4 * 2000
+
+
+def test_memory_traffic_counts_nothing_for_an_input_handed_back():
+    x = torch.zeros(1000)
+    assert memory_traffic(lambda: x.to(torch.float32)).ops == []    # x itself comes back
+    assert memory_traffic(lambda: x.to(torch.float64)).total == 4 * 1000 + 8 * 1000
+    assert memory_traffic(lambda: x.mul_(2.0)).total == 2 * 4 * 1000  # in place: counted

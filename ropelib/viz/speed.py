@@ -13,7 +13,7 @@ draw and format.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +58,10 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# The backend a custom operator is opened at, by the device of its first tensor argument.
+_BACKENDS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
+
+
 class _TrafficMode(TorchDispatchMode):
     def __init__(self, traffic: Traffic) -> None:
         super().__init__()
@@ -65,6 +69,13 @@ class _TrafficMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        backend = _BACKENDS.get(tensors[0].device.type) if tensors else None
+        if func.namespace != "aten" and backend is not None:
+            # A custom operator (torch.library): run its implementation for the backend
+            # with this mode pushed again, so the ATen operators inside it are counted.
+            with self:
+                return func.redispatch(torch._C.DispatchKeySet(backend), *args, **kwargs)
         result = func(*args, **kwargs)
         if func.is_view:
             return result
@@ -74,9 +85,11 @@ class _TrafficMode(TorchDispatchMode):
             return result
         inputs = [t for t in tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))[0]
                   if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        if not schema.is_mutable and any(o is t for o in outputs for t in inputs):
+            return result  # handed an input back (``to`` a dtype it has): nothing moved
         if base in _OVERWRITE_SELF:
             inputs = inputs[1:]
-        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         self.traffic.ops.append((name, sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs))))
         return result
@@ -91,8 +104,12 @@ def memory_traffic(fn: Callable[[], object]) -> Traffic:
     (slicing, ``view_as_complex``, reshapes that do not copy) move nothing; an operator that
     writes into a given tensor (``mul_``, ``addcmul_``, ``mul(..., out=...)``) reads its
     inputs, including the tensor it updates, and writes that tensor; ``copy_`` reads only its
-    source; ``empty_like`` and its kin move nothing. Strided views are counted by their
-    elements, although the memory system moves whole cache lines.
+    source; ``empty_like`` and its kin move nothing, and so does an operator that hands an
+    input back unchanged (``to`` a dtype the tensor already has). A custom operator
+    (registered with ``torch.library``, on the CPU or a GPU) is opened: its implementation
+    runs under the mode, which counts the ATen operators it executes; what it does outside
+    PyTorch, such as a compiled loop called through ctypes, is not seen. Strided views are
+    counted by their elements, although the memory system moves whole cache lines.
 
     Returns:
         A ``Traffic`` with one ``(operator, bytes read, bytes written)`` entry per operator.
@@ -239,7 +256,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mapping[str, int], *,
                      traffic: Mapping[str, Mapping[str, float]] | None = None,
-                     clone: str = "clone", copy: str = "copy_") -> str:
+                     modelled: Collection[str] = (), clone: str = "clone",
+                     copy: str = "copy_") -> str:
     """An HTML table of measured medians: one header row per section, one row per entry.
 
     The table (class ``ropelib-speed``) comes after a small ``<style>`` block scoped to that
@@ -256,6 +274,8 @@ def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mappin
         sections: ``{title: {formulation: median seconds}}``; every section needs ``clone``.
         nbytes: ``{title: bytes a copy of that section's x moves}``.
         traffic: optional ``{title: {formulation: traffic / a copy's traffic}}``.
+        modelled: formulations whose traffic is a model, not a count (e.g. a compiled
+            loop a dispatch mode cannot see); their traffic is marked with ``*``.
         clone, copy: the names of the two baselines.
     """
     if not sections:
@@ -272,7 +292,8 @@ def speed_table_html(sections: Mapping[str, Mapping[str, float]], nbytes: Mappin
         for name, seconds in medians.items():
             body.append((name, [
                 html.escape(name),
-                _fmt(traffic.get(title, {}).get(name), ".2f"),
+                _fmt(traffic.get(title, {}).get(name), ".2f")
+                + ("*" if name in modelled and name in traffic.get(title, {}) else ""),
                 f"{seconds * 1e6:,.0f}",
                 f"{seconds / medians[clone]:.2f}",
                 _fmt(seconds / copy_time if copy_time else None, ".2f"),
