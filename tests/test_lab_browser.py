@@ -163,6 +163,34 @@ def move(slider) -> None:
     handle.press("Home" if at_max else "End")
 
 
+def test_lab_config_runs_as_any_user_and_keeps_its_settings_in_the_project(monkeypatch):
+    """``make lab``'s configuration: --allow-root exactly when root, 127.0.0.1 unless LAB_IP
+    says otherwise, no news or update checks, widget state saved, nothing in the home folder."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    def load(uid: int, **env: str):
+        monkeypatch.setattr(os, "geteuid", lambda: uid)
+        for key in ("LAB_IP", "LAB_PORT"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return PyFileConfigLoader("jupyter_lab_config.py", path=str(ROOT / "lab")).load_config()
+
+    root, user = load(0), load(1000, LAB_IP="0.0.0.0", LAB_PORT="9999")
+    assert root.ServerApp.allow_root is True and user.ServerApp.allow_root is False
+    assert (root.ServerApp.ip, root.ServerApp.port) == ("127.0.0.1", 8888)
+    assert (user.ServerApp.ip, user.ServerApp.port) == ("0.0.0.0", 9999)
+    assert root.ServerApp.root_dir == str(ROOT / "book")
+    assert root.LabApp.news_url is None
+    for folder in (root.LabApp.app_settings_dir, root.LabApp.user_settings_dir,
+                   root.LabApp.workspaces_dir, root.NotebookNotary.data_dir):
+        assert Path(folder).is_relative_to(ROOT), f"{folder} is outside the project"
+    overrides = json.loads((Path(root.LabApp.app_settings_dir) / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"] == {
+        "fetchNews": "false", "checkForUpdates": False}
+    assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"] == {"saveState": True}
+
+
 def test_the_book_has_live_chapters():
     assert live_chapters(), "no chapter calls live_slider: the scan found nothing to test"
 
