@@ -33,6 +33,8 @@ must not hand the kernel their wrapped tensors.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
@@ -126,7 +128,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
                    rotary_dim: int, out: torch.Tensor) -> None:
     """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
     x itself, or memory that shares no element with x)."""
-    _rotate(x, cos, sin, layout, rotary_dim, out)
+    _rotate_into(x, cos, sin, layout, rotary_dim, out)
 
 
 @_rotate_out_op.register_fake
@@ -148,7 +150,7 @@ def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
     bumped like any in-place write's (arguments as there)."""
     if _plain_call(x, cos, sin, out):
-        _rotate(x, cos, sin, layout, rotary_dim, out)
+        _rotate_into(x, cos, sin, layout, rotary_dim, out)
         torch.autograd.graph.increment_version(out)
     else:
         torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out)
@@ -166,6 +168,62 @@ def _plain_call(*tensors: torch.Tensor) -> bool:
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
                 or torch._C._are_functorch_transforms_active()
                 or is_in_torch_dispatch_mode())
+
+
+def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 rotary_dim: int, out: torch.Tensor) -> None:
+    """``_rotate`` into ``out`` after checking its memory, on the real tensors (so also in a
+    compiled graph): out may not overlap the tables, nor share an element with x unless it
+    is x itself."""
+    out_span = _byte_span(out)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if _intersect(out_span, _byte_span(table)):
+            raise ValueError(f"out shares memory with {name}; the rotation would overwrite "
+                             "the table it reads. Pass a separate buffer")
+    if ((out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride())
+            and _intersect(out_span, _byte_span(x)) and _share_elements(out, x)):
+        raise ValueError("out shares memory with x but is not x itself (other strides or "
+                         "offset); pass out=x for an in-place rotation or a separate buffer")
+    _rotate(x, cos, sin, layout, rotary_dim, out)
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The addresses [first, last + 1) of t's elements; empty for an empty tensor. Only
+    views of one buffer can have intersecting spans."""
+    if t.numel() == 0:
+        return 0, 0
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b (one dtype, intersecting spans) address a common element. Exact when
+    they have the same shape and strides (e.g. ``qkv[:, :8]`` and ``qkv[:, 8:]``, which
+    interleave in memory but share nothing); otherwise assumed."""
+    gap, size = abs(b.data_ptr() - a.data_ptr()), a.element_size()
+    if a.shape != b.shape or a.stride() != b.stride() or gap % size:
+        return True
+    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride(), strict=True)
+                   if n > 1 and st > 0), reverse=True)
+    return _reachable(gap // size, dims)
+
+
+def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether gap = sum_k j_k stride_k for integers |j_k| < n_k, dims = [(stride_k, n_k)] by
+    decreasing stride; undecided (a very wide search) counts as reachable."""
+    if not dims:
+        return gap == 0
+    (stride, n), rest = dims[0], dims[1:]
+    reach = sum((m - 1) * st for st, m in rest)
+    low = max(1 - n, math.ceil((gap - reach) / stride))
+    high = min(n - 1, math.floor((gap + reach) / stride))
+    if high - low > 64:
+        return True
+    return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

@@ -20,7 +20,6 @@ given.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Literal
 
@@ -223,57 +222,6 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
                          f"strides {strides}, e.g. from expand); pass a buffer "
                          "made with torch.empty_like(x)")
-    for name, table in (("cos", cos), ("sin", sin)):
-        if _spans_intersect(out, table):
-            raise ValueError(f"out shares memory with {name}; the rotation would overwrite "
-                             "the table it reads. Pass a separate buffer")
-    if ((out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride())
-            and _share_elements(out, x)):
-        raise ValueError("out shares memory with x but is not x itself (other strides or "
-                         "offset); pass out=x for an in-place rotation or a separate buffer")
-
-
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
-
-
-def _spans_intersect(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the byte ranges spanned by a and b in the same storage intersect."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
-    return a0 < b1 and b0 < a1
-
-
-def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b (one dtype) address a common element. Exact when they have the same
-    shape and strides (e.g. ``qkv[:, :8]`` and ``qkv[:, 8:]``, which interleave in memory
-    but share nothing); otherwise whether their byte ranges intersect."""
-    if not _spans_intersect(a, b):
-        return False
-    gap, size = abs(b.data_ptr() - a.data_ptr()), a.element_size()
-    if a.shape != b.shape or a.stride() != b.stride() or gap % size:
-        return True
-    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride(), strict=True)
-                   if n > 1 and st > 0), reverse=True)
-    return _reachable(gap // size, dims)
-
-
-def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
-    """Whether gap = sum_k j_k stride_k for integers |j_k| < n_k, dims = [(stride_k, n_k)] by
-    decreasing stride; undecided (a very wide search) counts as reachable."""
-    if not dims:
-        return gap == 0
-    (stride, n), rest = dims[0], dims[1:]
-    reach = sum((m - 1) * st for st, m in rest)
-    low = max(1 - n, math.ceil((gap - reach) / stride))
-    high = min(n - 1, math.floor((gap + reach) / stride))
-    if high - low > 64:
-        return True
-    return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
 
 
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
