@@ -44,63 +44,6 @@ _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
-    if layout == "half":
-        h = t.shape[-1] // 2
-        return t[..., :h], t[..., h:]
-    return t[..., 0::2], t[..., 1::2]
-
-
-def _complex_viewable(t: torch.Tensor) -> bool:
-    if t.is_contiguous():
-        return t.storage_offset() % 2 == 0
-    return (t.stride(-1) == 1 and t.storage_offset() % 2 == 0
-            and all(s % 2 == 0 for s in t.stride()[:-1]))
-
-
-def _as_complex(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_complex(t.view(*t.shape[:-1], t.shape[-1] // 2, 2))
-
-
-def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
-    """cos (..., d/2) repeated to (..., d) in the layout's channel order."""
-    return torch.cat((cos, cos), dim=-1) if layout == "half" else cos.repeat_interleave(2, -1)
-
-
-def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
-    """``"native"`` (the compiled CPU loop), ``"complex"``, ``"upcast"`` (half precision via
-    float32 complex) or ``"pairs"``."""
-    if native.supports(x, out):
-        return "native"
-    if layout == "interleaved":
-        if x.dtype in _UPCAST_DTYPES:
-            return "upcast"
-        if (x.dtype in _COMPLEX_DTYPES and _complex_viewable(x[..., :rotary_dim])
-                and (out is None or _complex_viewable(out[..., :rotary_dim]))):
-            return "complex"
-    return "pairs"
-
-
-def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype,
-                   layout: str) -> tuple[torch.Tensor, ...]:
-    """The tables a path multiplies by, with the rows (dim -2) of cos and sin.
-
-    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise;
-    ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
-    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype.
-    """
-    if path == "native":
-        accumulate = torch.float64 if dtype == torch.float64 else torch.float32
-        return cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
-    if path == "complex":
-        return (torch.complex(cos.to(dtype), sin.to(dtype)),)
-    if path == "upcast":
-        return (torch.complex(cos.float(), sin.float()),)
-    cos, sin = cos.to(dtype), sin.to(dtype)
-    return cos, sin, _widen(cos, layout)
-
-
 @torch.library.custom_op("ropelib::rotate", mutates_args=())
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int) -> torch.Tensor:
@@ -261,6 +204,63 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
     out_a.addcmul_(b, sin, value=-1)
     out_b.addcmul_(a, sin)
     return out
+
+
+def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
+    """``"native"`` (the compiled CPU loop), ``"complex"``, ``"upcast"`` (half precision via
+    float32 complex) or ``"pairs"``."""
+    if native.supports(x, out):
+        return "native"
+    if layout == "interleaved":
+        if x.dtype in _UPCAST_DTYPES:
+            return "upcast"
+        if (x.dtype in _COMPLEX_DTYPES and _complex_viewable(x[..., :rotary_dim])
+                and (out is None or _complex_viewable(out[..., :rotary_dim]))):
+            return "complex"
+    return "pairs"
+
+
+def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype,
+                   layout: str) -> tuple[torch.Tensor, ...]:
+    """The tables a path multiplies by, with the rows (dim -2) of cos and sin.
+
+    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise;
+    ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
+    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype.
+    """
+    if path == "native":
+        accumulate = torch.float64 if dtype == torch.float64 else torch.float32
+        return cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
+    if path == "complex":
+        return (torch.complex(cos.to(dtype), sin.to(dtype)),)
+    if path == "upcast":
+        return (torch.complex(cos.float(), sin.float()),)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    return cos, sin, _widen(cos, layout)
+
+
+def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
+    if layout == "half":
+        h = t.shape[-1] // 2
+        return t[..., :h], t[..., h:]
+    return t[..., 0::2], t[..., 1::2]
+
+
+def _complex_viewable(t: torch.Tensor) -> bool:
+    if t.is_contiguous():
+        return t.storage_offset() % 2 == 0
+    return (t.stride(-1) == 1 and t.storage_offset() % 2 == 0
+            and all(s % 2 == 0 for s in t.stride()[:-1]))
+
+
+def _as_complex(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_complex(t.view(*t.shape[:-1], t.shape[-1] // 2, 2))
+
+
+def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
+    """cos (..., d/2) repeated to (..., d) in the layout's channel order."""
+    return torch.cat((cos, cos), dim=-1) if layout == "half" else cos.repeat_interleave(2, -1)
 
 
 def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

@@ -140,6 +140,24 @@ def _check_offset(offset: object) -> int:
     return value
 
 
+def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out must match x: shape {tuple(x.shape)}, dtype {x.dtype}, device "
+                         f"{x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, device "
+                         f"{out.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad
+                                    or out.requires_grad):
+        raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
+                         "torch.no_grad() or drop out= to get gradients")
+    strides = out.stride()
+    if 0 in strides and any(st == 0 and n > 1 for n, st in zip(out.shape, strides, strict=True)):
+        raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
+                         f"strides {strides}, e.g. from expand); pass a buffer "
+                         "made with torch.empty_like(x)")
+
+
 def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
                  positions: torch.Tensor | None, offset: int, short_table: str
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,24 +222,6 @@ def _transformed() -> bool:
     if torch.compiler.is_compiling():
         return False
     return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
-
-
-def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
-        raise ValueError(f"out must match x: shape {tuple(x.shape)}, dtype {x.dtype}, device "
-                         f"{x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, device "
-                         f"{out.device}")
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad
-                                    or out.requires_grad):
-        raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
-                         "torch.no_grad() or drop out= to get gradients")
-    strides = out.stride()
-    if 0 in strides and any(st == 0 and n > 1 for n, st in zip(out.shape, strides, strict=True)):
-        raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
-                         f"strides {strides}, e.g. from expand); pass a buffer "
-                         "made with torch.empty_like(x)")
 
 
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
