@@ -27,13 +27,14 @@ test: book
 	bash tests/run_all.sh
 
 # The chapters live in JupyterLab (pinned with jupyterlab-myst in requirements.txt), set up by
-# lab/jupyter_lab_config.py. On a remote machine: make lab LAB_IP=0.0.0.0 (or an ssh tunnel).
+# lab/ (Jupyter's config folder for this run: jupyter_lab_config.py, settings, custom.css).
+# On a remote machine: make lab LAB_IP=0.0.0.0 (or an ssh tunnel to 127.0.0.1:8888).
 LAB_IP ?= 127.0.0.1
 LAB_PORT ?= 8888
 lab: venv
 	@echo "JupyterLab on $(LAB_IP):$(LAB_PORT): open the URL with the token printed below;"
 	@echo "in a chapter, Run > Run All Cells computes its numbers and brings its sliders to life."
-	LAB_IP=$(LAB_IP) LAB_PORT=$(LAB_PORT) $(BIN)/jupyter lab --config=lab/jupyter_lab_config.py
+	JUPYTER_CONFIG_DIR=$(CURDIR)/lab LAB_IP=$(LAB_IP) LAB_PORT=$(LAB_PORT) $(BIN)/jupyter lab
 
 bench: venv
 	$(BIN)/python benchmarks/bench_rope.py

@@ -1,8 +1,12 @@
 """JupyterLab set up for this book (used by ``make lab`` and tests/test_lab_browser.py).
 
+Both run JupyterLab with JUPYTER_CONFIG_DIR=lab, so Jupyter reads this file and
+lab/custom/custom.css from here, and no configuration from the user's home.
+
 Everything JupyterLab reads or writes stays in the project, not in the user's home:
 the defaults in lab/settings/overrides.json (no news pop-up, widget state saved in the
-notebook), the reader's own settings, workspaces and notebook trust under .venv/lab/.
+notebook), lab/custom/custom.css (references that jupyterlab-myst cannot resolve), and the
+reader's own settings, workspaces and notebook trust under .venv/lab/.
 Runs as root only where it is root (containers); binds to $LAB_IP (default 127.0.0.1).
 """
 
@@ -24,5 +28,6 @@ c.LabApp.user_settings_dir = str(ROOT / ".venv" / "lab" / "user-settings")
 c.LabApp.workspaces_dir = str(ROOT / ".venv" / "lab" / "workspaces")
 c.NotebookNotary.data_dir = str(ROOT / ".venv" / "lab" / "trust")
 Path(c.NotebookNotary.data_dir).mkdir(parents=True, exist_ok=True)
+c.LabApp.custom_css = True
 c.LabApp.news_url = None
 c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
