@@ -57,6 +57,22 @@ def test_walk_panel_draws_the_partial_sums_and_the_marked_bound(distance, head_d
     assert curve.get_xlim() == (0.0, 256.0) and curve.get_ylim()[1] >= (head_dim // 2 + 1) / 2
 
 
+@pytest.mark.parametrize("head_dim, base", [(16, 1000.0), (128, 10000.0), (256, 1e6)])
+def test_walk_box_is_the_same_for_every_distance_and_holds_every_walk(head_dim, base):
+    limits = set()
+    for distance in (0, 3, 77, 256):
+        fig = Figure()
+        draw_phasor_walk(fig, distance, head_dim, base)
+        plane = fig.axes[0]
+        limits.add((plane.get_xlim(), plane.get_ylim()))
+    assert len(limits) == 1
+    (x0, x1), (y0, y1) = limits.pop()
+    for distance in range(0, 257, 5):
+        ref = walk_reference(distance, head_dim, base)
+        assert x0 <= min(z.real for z in ref) and max(z.real for z in ref) <= x1
+        assert y0 <= min(z.imag for z in ref) and max(z.imag for z in ref) <= y1
+
+
 def test_walk_rejects_distances_outside_the_curve():
     with pytest.raises(ValueError, match="distance"):
         draw_phasor_walk(Figure(), 300, 128)

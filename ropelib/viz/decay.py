@@ -73,9 +73,9 @@ def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
     """The walk S_0 = 0, S_1, ..., S_{d/2} of unit steps exp(i distance theta_k), and the
     bound curve over 0 .. max_distance with ``distance`` marked.
 
-    Both panels have axes fixed by ``head_dim`` and ``max_distance`` only (the walk's box
-    holds the straight walk of distance 0 and the curled walks of every other distance), so
-    frames over the distance compare.
+    Both panels have axes fixed by ``head_dim``, ``base`` and ``max_distance`` only (the
+    walk's box holds the walks of every distance 0 .. max_distance), so frames over the
+    distance compare.
 
     Returns:
         ``{"bound": the bound at distance, "end": |S_{d/2}|}``.
@@ -85,7 +85,7 @@ def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
                          f"got {distance!r}")
     walk = phasor_partial_sums(float(distance), head_dim, base)
     half = head_dim // 2
-    plane, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.15]})
+    plane, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1.0]})
 
     points = np.column_stack([walk.real, walk.imag])
     segments = np.stack([points[:-1], points[1:]], axis=1)
@@ -95,8 +95,10 @@ def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
     plane.plot(walk.real, walk.imag, ".", ms=2.0, color="0.45", gid="walk_points")
     plane.plot([0.0], [0.0], "+", color="k", ms=8)
     plane.plot([walk[-1].real], [walk[-1].imag], "o", color="tab:red", ms=5, gid="walk_end")
-    plane.set_xlim(-0.45 * half, 1.05 * half)
-    plane.set_ylim(-0.35 * half, 0.5 * half)
+    every_walk = phasor_partial_sums(np.arange(0, max_distance + 1), head_dim, base)
+    pad = 0.05 * half
+    plane.set_xlim(every_walk.real.min() - pad, every_walk.real.max() + pad)
+    plane.set_ylim(every_walk.imag.min() - pad, every_walk.imag.max() + pad)
     plane.set_aspect("equal")
     plane.axhline(0.0, color="0.85", lw=0.6, zorder=0)
     plane.axvline(0.0, color="0.85", lw=0.6, zorder=0)
