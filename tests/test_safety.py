@@ -438,3 +438,20 @@ def test_row16_offset_as_numpy_or_tensor_integer_and_jit_trace():
     close(traced(x), want)
     other = torch.randn(2, 3, 8)
     close(traced(other), expected(other, range(2, 5), 8))
+
+
+# Writes through out= are in-place writes ---------------------------------------------------
+
+def test_out_bumps_the_version_counter_like_any_in_place_write():
+    """The kernel writes through a pointer; ropelib bumps out's version counter, so autograd
+    still refuses a backward through a tensor it saved and out= then overwrote."""
+    cos, sin = generate_rope_embeddings(4, 8)
+    leaf = torch.randn(4, 8, requires_grad=True)
+    saved = leaf * 1.0
+    loss = (saved * saved).sum()  # mul saves `saved` for its backward
+    version = saved._version
+    with torch.no_grad():
+        apply_rope(saved, cos, sin, out=saved)
+    assert saved._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
