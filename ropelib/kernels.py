@@ -230,7 +230,9 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
     """
     if path == "native":
         accumulate = torch.float64 if dtype == torch.float64 else torch.float32
-        return cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
+        if cos.dtype != accumulate or sin.dtype != accumulate:
+            cos, sin = cos.to(accumulate), sin.to(accumulate)
+        return cos.contiguous(), sin.contiguous()
     if path == "complex":
         return (torch.complex(cos.to(dtype), sin.to(dtype)),)
     if path == "upcast":
