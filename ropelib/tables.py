@@ -83,7 +83,8 @@ def generate_rope_embeddings(
             raise ValueError(f"positions must be a tensor of shape (seq_len,) = ({seq_len},), "
                              f"got {seen}")
         positions = positions.detach().cpu()
-        current_len = int(positions.max().item()) + 1 if seq_len else 0
+        # the length dynamic scaling sees: positions up to the largest one (none if all < 0)
+        current_len = max(int(positions.max().item()) + 1, 0) if seq_len else 0
     inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len)
     return _angles_to_tables(positions, inv_freq, factor, device, dtype)
 

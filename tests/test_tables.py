@@ -48,6 +48,15 @@ def test_generate_rope_embeddings_float64_base_and_positions():
     torch.testing.assert_close(cos, angles(fpos, thetas(8)).cos(), rtol=0, atol=1e-14)
 
 
+@pytest.mark.parametrize("pos", [[-4], [-7, -1], [-3, 2]])
+def test_negative_positions_give_the_rotation_by_a_negative_angle(pos):
+    pos = torch.tensor(pos)
+    cos, sin = generate_rope_embeddings(len(pos), 8, positions=pos, dtype=F64)
+    ref = angles(pos, thetas(8))
+    torch.testing.assert_close(cos, ref.cos(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(sin, ref.sin(), rtol=0, atol=1e-14)
+
+
 def test_zero_length_table():
     cos, sin = generate_rope_embeddings(0, 8)
     assert cos.shape == sin.shape == (0, 4)
