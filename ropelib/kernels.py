@@ -25,7 +25,7 @@ and a fake implementation, so ``torch.compile``, ``torch.export`` and ``torch.ji
 see one opaque node whose shape they know; ``rotate`` and ``rotate_out`` call them. Their
 implementation is ``_rotate``: it picks the path for the tensors of this call and prepares
 the tables for it, every call, keeping nothing; for plain tensors in eager mode that need
-no gradient, ``rotate`` calls it directly (``_plain_call``). The autograd formula is
+no gradient, ``rotate`` calls it directly (``plain_call``). The autograd formula is
 registered by ``ropelib.rotation``. ``rotate_composite`` is the same rotation written in
 differentiable PyTorch operations, for ``torch.func`` transforms and forward-mode AD, which
 must not hand the kernel their wrapped tensors.
@@ -83,7 +83,7 @@ def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            rotary_dim: int) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x, a new contiguous tensor (arguments as there)."""
-    if _plain_call(x, cos, sin):
+    if plain_call(x, cos, sin):
         return _rotate(x, cos, sin, layout, rotary_dim, None)
     return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim)
 
@@ -92,14 +92,14 @@ def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
                rotary_dim: int, out: torch.Tensor) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
     bumped like any in-place write's (arguments as there)."""
-    if _plain_call(x, cos, sin, out):
+    if plain_call(x, cos, sin, out):
         _rotate_into(x, cos, sin, layout, rotary_dim, out)
         torch.autograd.graph.increment_version(out)
     else:
         torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out)
 
 
-def _plain_call(*tensors: torch.Tensor) -> bool:
+def plain_call(*tensors: torch.Tensor) -> bool:
     """Whether the operators' implementation may run without the dispatcher: plain tensors
     that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
     or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
