@@ -4,9 +4,9 @@ Both run JupyterLab with JUPYTER_CONFIG_DIR=lab, so Jupyter reads this file and
 lab/custom/custom.css from here, and no configuration from the user's home.
 
 Everything JupyterLab reads or writes stays in the project, not in the user's home:
-the defaults in lab/settings/overrides.json (no news pop-up, widget state saved in the
-notebook), lab/custom/custom.css (references that jupyterlab-myst cannot resolve), and the
-reader's own settings, workspaces and notebook trust under .venv/lab/.
+the defaults in lab/settings/overrides.json5 (no news pop-up, widget state saved in the
+notebook, every cell rendered), lab/custom/custom.css (references that jupyterlab-myst
+cannot resolve), and the reader's own settings, workspaces and notebook trust under .venv/lab/.
 Runs as root only where it is root (containers); binds to $LAB_IP (default 127.0.0.1).
 """
 

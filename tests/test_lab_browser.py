@@ -1,12 +1,13 @@
 """The chapters live in JupyterLab, as a reader runs them (headless Chromium).
 
-JupyterLab starts as ``make lab`` starts it (lab/jupyter_lab_config.py, the pinned JupyterLab
-with jupyterlab-myst), on 127.0.0.1 with a random port and token, serving a copy of book/ so
-that nothing is written into the chapters. Every chapter with a live slider (found by scanning
-the notebooks for ``live_slider``) is opened and run with Run All Cells. Then: no cell has an
-error output; moving each slider redraws its figure; the markdown shows no raw MyST and every
-``{eval}`` name shows the value the kernel computed; the saved notebook keeps its widget state,
-so reopening it shows the widgets instead of "model not found". Every wait is bounded.
+JupyterLab starts as ``make lab`` starts it (lab/ as Jupyter's config folder, the pinned
+JupyterLab with jupyterlab-myst), on 127.0.0.1 with a random port and token, serving a copy of
+book/ so that nothing is written into the chapters, with fresh user settings and workspaces.
+Every chapter with a live slider (found by scanning the notebooks for ``live_slider``) is
+opened and run with Run All Cells. Then: no cell has an error output; moving each slider
+redraws its figure; the markdown shows no raw MyST and every ``{eval}`` name shows the value
+the kernel computed; the saved notebook keeps its widget state, and reopened it shows the
+widgets or the hint to run the cells, never "model not found". Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import json5
 import pytest
 from chromium import launch
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -64,10 +66,12 @@ def lab(tmp_path_factory):
                     ignore=shutil.ignore_patterns("_build", ".ipynb_checkpoints", "__pycache__"))
     port, token = free_port(), secrets.token_hex(16)
     log = (work / "lab.log").open("w")
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(ROOT / "lab"),
+               JUPYTER_RUNTIME_DIR=str(work / "runtime"))
     server = subprocess.Popen(
-        [str(BIN / "jupyter"), "lab", f"--config={ROOT / 'lab' / 'jupyter_lab_config.py'}",
-         f"--ServerApp.root_dir={served}", "--ServerApp.ip=127.0.0.1",
+        [str(BIN / "jupyter"), "lab", f"--ServerApp.root_dir={served}",
+         f"--LabApp.user_settings_dir={work / 'user-settings'}",
+         f"--LabApp.workspaces_dir={work / 'workspaces'}", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
          f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
          "--LabApp.expose_app_in_browser=True"],
@@ -129,13 +133,14 @@ RUN_STATE = f"""() => {{
 MARKDOWN = f"""() => {PANEL}.content.widgets.map((w, i) => w.model.type !== 'markdown' ? null
   : {{index: i, rendered: w.node.querySelector('.myst') !== null,
       text: (w.node.querySelector('.myst') || {{textContent: ''}}).textContent,
+      source: w.model.sharedModel.getSource(),
       expressions: w.model.getMetadata('user_expressions') || []}}).filter(x => x)"""
 
 
 def open_notebook(browser, base: str, token: str, name: str):
     tab = browser.new_page()
     tab.set_viewport_size({"width": 1200, "height": 900})
-    tab.goto(f"{base}/lab/tree/{name}?token={token}", timeout=OPEN_S * 1000)
+    tab.goto(f"{base}/lab/tree/{name}?reset&token={token}", timeout=OPEN_S * 1000)
     tab.wait_for_function(KERNEL_IDLE % json.dumps(name), timeout=OPEN_S * 1000, polling=500)
     return tab
 
@@ -182,13 +187,15 @@ def test_lab_config_runs_as_any_user_and_keeps_its_settings_in_the_project(monke
     assert (user.ServerApp.ip, user.ServerApp.port) == ("0.0.0.0", 9999)
     assert root.ServerApp.root_dir == str(ROOT / "book")
     assert root.LabApp.news_url is None
+    assert root.LabApp.custom_css and (ROOT / "lab" / "custom" / "custom.css").is_file()
     for folder in (root.LabApp.app_settings_dir, root.LabApp.user_settings_dir,
                    root.LabApp.workspaces_dir, root.NotebookNotary.data_dir):
         assert Path(folder).is_relative_to(ROOT), f"{folder} is outside the project"
-    overrides = json.loads((Path(root.LabApp.app_settings_dir) / "overrides.json").read_text())
+    overrides = json5.loads((Path(root.LabApp.app_settings_dir) / "overrides.json5").read_text())
     assert overrides["@jupyterlab/apputils-extension:notification"] == {
         "fetchNews": "false", "checkForUpdates": False}
     assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"] == {"saveState": True}
+    assert overrides["@jupyterlab/notebook-extension:tracker"] == {"windowingMode": "none"}
 
 
 def test_the_book_has_live_chapters():
@@ -220,31 +227,43 @@ def check_live_chapter(browser, lab, name: str) -> None:
         tab.wait_for_function(f"() => document.querySelectorAll('.widget-slider').length > 0 || "
                               f"document.body.innerText.includes({json.dumps(LIVE_HINT)})",
                               timeout=OPEN_S * 1000, polling=500)
-        assert "model not found" not in tab.locator(".jp-Notebook").inner_text(), (
+        assert "model not found" not in tab.evaluate(f"{PANEL}.content.node.innerText"), (
             f"{name}: the reopened notebook shows a widget error")
         tab.evaluate(f"{PANEL}.sessionContext.shutdown()")
     finally:
         tab.close()
 
 
+def eval_problems(cell: dict) -> list[str]:
+    """The cell's ``{eval}`` names that the kernel did not evaluate or the text does not show."""
+    results = {e["expression"]: e["result"] for e in cell["expressions"]}
+    problems = []
+    for expression in EVAL.findall(cell["source"]):
+        result = results.get(expression, {})
+        if result.get("status") != "ok":
+            problems.append(f"{{eval}}`{expression}` gave {result or 'nothing'}")
+        elif unquoted(result["data"]["text/plain"]) not in cell["text"]:
+            problems.append(f"{expression} = {result['data']['text/plain']} is not shown")
+    return problems
+
+
 def check_markdown(tab, name: str) -> None:
     """Every markdown cell rendered by jupyterlab-myst, no raw MyST in it, no ``{glue}`` role
     (jupyterlab-myst shows its bare key, e.g. "ch4_gap", instead of the number), and every
     ``{eval}`` name evaluated by the kernel and its value in the text."""
-    for cell in tab.evaluate(MARKDOWN):
+    deadline = time.monotonic() + REDRAW_S
+    while True:  # jupyterlab-myst evaluates a cell's names after the run: wait for them
+        cells = tab.evaluate(MARKDOWN)
+        if not any(eval_problems(c) for c in cells) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for cell in cells:
         where = f"{name}, markdown cell {cell['index']}"
-        source = tab.evaluate(f"{PANEL}.content.model.cells.get({cell['index']})"
-                              ".sharedModel.getSource()")
-        assert "{glue" not in source, f"{where}: a {{glue}} role shows its key in JupyterLab"
+        assert "{glue" not in cell["source"], f"{where}: a {{glue}} role shows its key"
         assert cell["rendered"], f"{where} was not rendered by jupyterlab-myst"
         raw = [marker for marker in RAW_MYST if marker in cell["text"]]
         assert not raw, f"{where} shows raw MyST {raw}: {cell['text'][:200]!r}"
-        results = {e["expression"]: e["result"] for e in cell["expressions"]}
-        for expression in EVAL.findall(source):
-            result = results.get(expression, {})
-            assert result.get("status") == "ok", f"{where}: {{eval}}`{expression}` gave {result}"
-            text = unquoted(result["data"]["text/plain"])
-            assert text in cell["text"], f"{where}: {expression} = {text!r} is not shown"
+        assert not eval_problems(cell), f"{where}: {eval_problems(cell)}"
 
 
 def check_sliders(tab, name: str) -> None:
