@@ -14,7 +14,7 @@ The peers are written out here from their published form, each with the tables i
   ``x * cos + rotate_half(x) * sin`` with full-width cos/sin.
 - ``half_split_cat`` (half layout): ``cat([a cos - b sin, b cos + a sin])``.
 - ``meta_complex`` (Meta's Llama; interleaved): complex multiply in float32, cast back.
-- ``roformer_stack`` (RoFormer, GLM; interleaved): ``x * cos + stack(-x_odd, x_even) * sin``
+- ``roformer_stack`` (RoFormer; interleaved): ``x * cos + stack(-x_odd, x_even) * sin``
   with cos/sin repeated per pair.
 """
 
