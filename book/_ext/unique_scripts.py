@@ -1,9 +1,10 @@
 """Sphinx extension: drop repeated <script> entries from every page.
 
-Under this stack the inline scripts of sphinx-thebe and sphinx-togglebutton (both bundled with
-Jupyter Book 1.x) reach every page twice (once with filename None, once with ""), and the
-second ``const THEBE_JS_URL`` raises "Identifier 'THEBE_JS_URL' has already been declared" in
-the browser. Keeping the first of identical entries removes the error.
+Under this stack the inline scripts of sphinx-thebe and sphinx-togglebutton
+(both bundled with Jupyter Book 1.x) reach every page twice (once with filename
+None, once with ""), and the second ``const THEBE_JS_URL`` raises "Identifier
+'THEBE_JS_URL' has already been declared" in the browser. Keeping the first of
+identical entries removes the error.
 """
 
 from __future__ import annotations
