@@ -163,3 +163,15 @@ def test_smallest_feasible_base_scans_a_non_monotone_set():
     assert smallest_feasible_base([10.0, 20.0], 400, 64) is None
     with pytest.raises(ValueError, match="context_length"):
         base_is_feasible(1e4, 0)
+
+
+@pytest.mark.parametrize(("context", "read_off"), [(1024, 4e3), (4096, 3e4)])
+def test_smallest_feasible_base_on_men_et_al_grid_matches_their_figure(context, read_off):
+    """Men et al. 2024 search the bases (i + j/10) 10^x in increasing order (d = 128); their
+    figure 1 shows about 4e3 for 1k tokens and 3e4 for 4k (read off a log-log plot, so only
+    to within 25%)."""
+    grid = [(10 * i + j) * 10.0 ** (x - 1) for x in range(3, 6)
+            for i in range(1, 10) for j in range(10)]
+    found = smallest_feasible_base(grid, context, 128)
+    assert abs(math.log(found / read_off)) < math.log(1.25)
+    assert all(not base_is_feasible(b, context, 128) for b in grid if b < found)
