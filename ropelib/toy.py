@@ -167,8 +167,6 @@ def lookback_accuracy(model: ToyDecoder, tokens: torch.Tensor, distances: torch.
     return (logits.argmax(-1) == targets)[keep].float().mean().item()
 
 
-
-
 def checkpoint_entry(model: ToyDecoder, losses: list[float], *,
                      scaling: Mapping | None = None) -> dict:
     """What ``scripts/train_context_extension.py`` stores per model: the config, the weights
