@@ -118,3 +118,15 @@ def test_base_bounds_on_log_axes_with_models():
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     np.testing.assert_array_equal(line.get_ydata(), [4e3, 1e4])
     assert "model" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_base_bounds_draw_other_searches_at_the_same_context_lengths():
+    fig = Figure()
+    ax = fig.add_subplot()
+    draw_base_bounds(ax, [1024, 2048], [4e3, 1e4], others={"paper": [4.3e3, 1.6e4]})
+    (other,) = by_gid(fig, "other_bound")
+    np.testing.assert_array_equal(other.get_xdata(), [1024, 2048])
+    np.testing.assert_array_equal(other.get_ydata(), [4.3e3, 1.6e4])
+    assert other.get_linestyle() == "None" and other.get_label() == "paper"
+    with pytest.raises(ValueError, match=r"others\['paper'\] must have one value"):
+        draw_base_bounds(ax, [1024, 2048], [4e3, 1e4], others={"paper": [1.0]})

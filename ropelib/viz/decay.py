@@ -174,7 +174,8 @@ def draw_score_spread(ax: Axes, distances: Sequence[float], mean: Sequence[float
 
 
 def draw_base_bounds(ax: Axes, context_lengths: Sequence[float], bases: Sequence[float],
-                     models: Mapping[str, tuple[float, float]] | None = None) -> Line2D:
+                     models: Mapping[str, tuple[float, float]] | None = None,
+                     others: Mapping[str, Sequence[float]] | None = None) -> Line2D:
     """Lower bound on the base against the context length (log-log), with model points.
 
     Args:
@@ -182,6 +183,8 @@ def draw_base_bounds(ax: Axes, context_lengths: Sequence[float], bases: Sequence
         context_lengths: context lengths L.
         bases: the smallest feasible base for each L.
         models: ``{name: (context length, base)}`` of models, drawn as labelled markers.
+        others: ``{name: bases}``, other bounds at the same context lengths (another search
+            grid, values from a paper), drawn as open markers.
 
     Returns:
         The bound's line.
@@ -190,6 +193,9 @@ def draw_base_bounds(ax: Axes, context_lengths: Sequence[float], bases: Sequence
     y = _same_length("bases", bases, x)
     (line,) = ax.plot(x, y, "o-", color="tab:blue", lw=1.2, label="smallest feasible base",
                       gid="base_bound")
+    for j, (name, values) in enumerate((others or {}).items()):
+        ax.plot(x, _same_length(f"others[{name!r}]", values, x), marker="ox+"[j % 3],
+                ls="none", ms=9, mfc="none", color=f"C{j + 4}", label=name, gid="other_bound")
     for j, (name, (length, base)) in enumerate((models or {}).items()):
         ax.plot([length], [base], marker="s^Dv"[j % 4], ls="none", ms=7, label=name)
     ax.set_xscale("log", base=2)
