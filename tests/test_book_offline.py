@@ -130,16 +130,23 @@ def offline_tab(browser, url: str):
 
 
 # How far the page scrolls sideways; in the article (not the off-screen side panels) the prose
-# blocks wider than their box or the screen, and the images wider than their column or the screen.
+# blocks wider than their box or the screen, the controls cut off by the screen or their output
+# box, and the images wider than their column or the screen.
 PHONE_LAYOUT = """() => {
   const width = window.innerWidth, out = {page: document.scrollingElement.scrollWidth - width,
-                                          prose: [], images: []};
+                                          prose: [], images: [], controls: []};
   const article = document.querySelector('main article') || document.body;
   for (const el of article.querySelectorAll('p, li, dt, dd, h1, h2, h3, figcaption')) {
     if (el.closest('pre, table, .highlight, .math, mjx-container, .cell_output')) continue;
     const box = el.getBoundingClientRect();
     if (box.width && (box.right > width + 1 || el.scrollWidth > el.clientWidth + 1))
       out.prose.push(el.textContent.trim().slice(0, 60));
+  }
+  for (const control of article.querySelectorAll('button, input')) {
+    const box = control.getBoundingClientRect(), scroller = control.closest('.output');
+    const right = scroller ? Math.min(width, scroller.getBoundingClientRect().right) : width;
+    if (box.width && box.right > right + 1)
+      out.controls.push(control.title || control.className || control.type);
   }
   for (const img of article.querySelectorAll('img')) {
     const box = img.getBoundingClientRect(), column = img.parentElement.clientWidth;
@@ -158,8 +165,9 @@ def built_pages(html_dir: Path) -> list[Path]:
 
 
 def test_every_page_fits_a_phone(browser, html_dir):
-    """At 390 px: no page scrolls sideways, prose wraps inside its column, and every figure
-    (including the frames of the jshtml animations) is scaled down to the column."""
+    """At 390 px: no page scrolls sideways, prose wraps inside its column, every figure
+    (including the frames of the jshtml animations) is scaled down to the column, and every
+    button and slider of the animations can be reached without scrolling."""
     pages = built_pages(html_dir)
     assert pages, f"no HTML pages in {html_dir}"
     problems = {}
@@ -167,6 +175,6 @@ def test_every_page_fits_a_phone(browser, html_dir):
         tab = offline_tab(browser, page.as_uri())
         layout = tab.evaluate(PHONE_LAYOUT)
         tab.close()
-        if layout["page"] > 1 or layout["prose"] or layout["images"]:
+        if layout["page"] > 1 or layout["prose"] or layout["images"] or layout["controls"]:
             problems[str(page.relative_to(html_dir))] = layout
     assert not problems, f"pages that do not fit 390 px: {problems}"

@@ -45,6 +45,18 @@ def test_every_control_is_a_drawn_shape_not_a_font_symbol():
     assert html.isascii(), "a non-ASCII symbol is left in the controls"
 
 
+def test_controls_fit_a_narrow_column():
+    """matplotlib fixes the scrub bar at 374 px and the buttons on one line (the phone-width
+    test in tests/test_book_offline.py shows them cut off without these rules)."""
+    html = scrubber(draw_line, "slope", [0.0, 1.0], alt="two lines").data
+    rules = {selector.strip(): body for selector, body in
+             re.findall(r"([^{}<>]+)\{([^}]*)\}", html.split("</style>")[0])}
+    assert "max-width: 100%" in rules[".animation"]
+    assert "max-width: 100%" in rules["input[type=range].anim-slider"]
+    assert "flex-wrap: wrap" in rules[".anim-buttons"]
+    assert html.index("</style>") < html.index('class="animation"')
+
+
 def test_scrubber_frames_differ_with_the_parameter():
     html = scrubber(draw_line, "slope", [0.0, 3.0], alt="two lines").data
     first, second = re.findall(r'data:image/png;base64,([^"]+)"', html)

@@ -58,15 +58,25 @@ _ICONS = {"fa fa-minus": "M3 7h10v2H3z",
           "fa fa-plus": "M3 7h10v2H3zM7 3h2v10H7z"}
 
 
+# matplotlib gives the scrub bar a fixed 374 px and the nine 36 px buttons one line: on a
+# phone both ran past the column's edge. Narrow columns shrink the bar and wrap the buttons.
+_NARROW_CSS = """<style>
+.animation { max-width: 100%; }
+input[type=range].anim-slider { max-width: 100%; }
+.anim-buttons { display: flex; flex-wrap: wrap; justify-content: center; gap: 2px; }
+</style>"""
+
+
 def offline_controls(html: str) -> str:
-    """matplotlib's jshtml with its Font Awesome stylesheet (a CDN link) removed and each
-    icon drawn as an inline SVG shape, so the controls show with no network and no font."""
+    """matplotlib's jshtml with its Font Awesome stylesheet (a CDN link) removed, each icon
+    drawn as an inline SVG shape, so the controls show with no network and no font, and the
+    controls fitted to narrow columns."""
     html = re.sub(r'<link[^>]*font-awesome[^>]*>', "", html)
     for css_class, path in _ICONS.items():
         svg = ('<svg viewBox="0 0 16 16" width="1em" height="1em" aria-hidden="true" '
                f'fill="currentColor"><path d="{path}"/></svg>')
         html = html.replace(f'<i class="{css_class}"></i>', svg)
-    return html
+    return _NARROW_CSS + html
 
 
 LIVE_HINT = "Live sliders: run the notebook's cells (Run > Run All Cells) to use them."
