@@ -3,7 +3,8 @@
     .venv/bin/python tests/notebook_store.py book/04_rope_2d.ipynb [...]
 
 Each notebook is executed top to bottom in this environment's kernel, then every output is
-dropped except those of cells tagged ``nbval-check-output``: those cells print a claim (a
+dropped (with the widget state and the ``{eval}`` results a JupyterLab session saves) except
+those of cells tagged ``nbval-check-output``: those cells print a claim (a
 number, a shape, a table) and nbval (run with ``--nbval-lax``) compares their fresh output
 with the stored one. Every other claim is an ``assert`` in a code cell.
 """
@@ -29,6 +30,8 @@ def store(path: Path) -> None:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in nb.cells:
         if cell.cell_type != "code":
+            # what jupyterlab-myst saves of a live run: {eval} results, not the source
+            cell.metadata.pop("user_expressions", None)
             continue
         cell.metadata.pop("execution", None)
         if not is_checked(cell):
