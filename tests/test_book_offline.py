@@ -25,6 +25,7 @@ from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
 
 
 def toc_pages() -> list[str]:
@@ -115,12 +116,12 @@ def test_jshtml_sliders_step_offline(browser, html_dir):
     assert stepped > 0, "the book has no kernel-free slider"
 
 
-def offline_tab(browser, url: str):
+def offline_tab(browser, url: str, viewport: dict = PHONE):
     """A tab that may load only files (the book is read offline), at ``url``, typeset."""
     tab = browser.new_page()
     tab.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
               else route.abort())
-    tab.set_viewport_size(PHONE)
+    tab.set_viewport_size(viewport)
     tab.goto(url, wait_until="load")
     if tab.locator(".math").count():
         tab.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise",
@@ -178,3 +179,23 @@ def test_every_page_fits_a_phone(browser, html_dir):
         if layout["page"] > 1 or layout["prose"] or layout["images"] or layout["controls"]:
             problems[str(page.relative_to(html_dir))] = layout
     assert not problems, f"pages that do not fit 390 px: {problems}"
+
+
+# The longest line of every code cell's input that is wider than its box (scrolls sideways).
+CODE_WIDER_THAN_ITS_BOX = """() => [...document.querySelectorAll('main article div.cell_input pre')]
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => Math.max(...pre.textContent.split('\\n').map(line => line.length)))"""
+
+
+def test_chapter_code_fits_its_box_at_1280_px(browser, html_dir):
+    """At 1280 px a reader sees every line of the chapters' code without scrolling inside a
+    cell: the code is kept within 79 columns (book/ruff.toml) and _static/book.css sizes the
+    code font and padding so that 79 columns fit the box."""
+    problems = {}
+    for page in built_pages(html_dir):
+        tab = offline_tab(browser, page.as_uri(), DESKTOP)
+        wide = tab.evaluate(CODE_WIDER_THAN_ITS_BOX)
+        tab.close()
+        if wide:
+            problems[str(page.relative_to(html_dir))] = wide
+    assert not problems, f"code cells wider than their box at 1280 px (longest lines): {problems}"
