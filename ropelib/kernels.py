@@ -104,13 +104,17 @@ def plain_call(*tensors: torch.Tensor) -> bool:
     that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
     or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
     Python layers, which at small shapes cost more than the rotation."""
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode()):
+        return False
     grad = torch.is_grad_enabled()
-    for t in tensors:
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
-            return False
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
-                or torch._C._are_functorch_transforms_active()
-                or is_in_torch_dispatch_mode())
+    return not any(not plain_tensor(t) or (grad and t.requires_grad) for t in tensors)
+
+
+def plain_tensor(t: torch.Tensor) -> bool:
+    """Whether t is a ``torch.Tensor`` itself, not a subclass nor a ``torch.func`` wrapper
+    (such as one kept after its transform ended, which the dispatcher unwraps)."""
+    return type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -135,6 +139,8 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     views of one buffer can have intersecting spans."""
     if t.numel() == 0:
         return 0, 0
+    if t.is_contiguous():
+        return t.data_ptr(), t.data_ptr() + t.nbytes
     extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
     return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
 

@@ -77,7 +77,7 @@ def apply_rope(
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(x, cos, sin):
-            return _EagerRotation.apply(x, cos, sin, layout, rd)
+            return _eager_rotation(x, cos, sin, layout, rd)
         return kernels.rotate(x, cos, sin, layout, rd)
     kernels.rotate_out(x, cos, sin, layout, rd, out)
     return out
@@ -259,8 +259,8 @@ torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_set
 def _eager_training_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """The usual training step in eager mode: x records autograd, the tables are constants,
     and nothing (compiler, tracer, dispatch mode) watches the call."""
-    return (torch.is_grad_enabled() and x.requires_grad and type(x) is torch.Tensor
-            and kernels.plain_call(cos, sin))
+    return (torch.is_grad_enabled() and x.requires_grad and kernels.plain_call(cos, sin)
+            and kernels.plain_tensor(x))
 
 
 class _EagerRotation(torch.autograd.Function):
@@ -280,3 +280,12 @@ class _EagerRotation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:
         return _backward(ctx, grad)
+
+
+# ``_EagerRotation.apply`` without the Python layer of ``Function.apply``: that layer binds
+# default arguments with ``inspect.signature`` on every call (about 30 us, as much as the
+# rotation of a (1, 8, 512, 64) float32 tensor), unwraps torch.func wrappers left over
+# from a finished transform and hands calls under a transform to ``custom_function_call``.
+# None of it applies to an eager training step (``_eager_training_step``): every argument
+# is given, no transform is active and no tensor is a wrapper.
+_eager_rotation = super(torch.autograd.Function, _EagerRotation).apply

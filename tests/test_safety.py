@@ -363,6 +363,27 @@ def test_row11_torch_func_transforms():
     close(derivative, expected(tangent, range(5), 8))
 
 
+def test_row11_a_tensor_kept_from_a_finished_transform():
+    """A tensor saved inside torch.func.grad and used after it ended is still a functorch
+    wrapper (with no storage of its own); apply_rope gives its rotation, recording autograd
+    or not, instead of reading a data pointer the wrapper lacks (the dispatcher
+    unwraps such a tensor, as for torch's own operations)."""
+    cos, sin = generate_rope_embeddings(4, 8)
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x.sum()
+
+    torch.func.grad(keep)(torch.randn(4, 8))
+    x = kept[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(x) and x.requires_grad
+    value = x.detach().clone()
+    close(apply_rope(x, cos, sin), expected(value, range(4), 8))  # as a training step
+    with torch.no_grad():
+        close(apply_rope(x, cos, sin), expected(value, range(4), 8))
+
+
 def test_row11_gradients_of_the_tables_and_double_backward():
     """The registered autograd formula: gradcheck in float64 for x, cos and sin, and
     gradgradcheck (the backward is the operator again, differentiable)."""
