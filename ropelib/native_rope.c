@@ -22,24 +22,31 @@
 
 #define ROPE_MAX_DIMS 8
 
-/* One compiled copy per instruction set, chosen by the CPU at load time (x86-64 Linux GCC). */
+/* One compiled copy per instruction set, chosen by the CPU at load time (x86-64 Linux GCC).
+ * Only the function marked is cloned, so every helper it calls is forced inline: a helper
+ * left out of line would run its baseline (SSE2) build inside the AVX clones. */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define ROPE_TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define ROPE_TARGETS
 #endif
+#if defined(__GNUC__)
+#define ROPE_INLINE static inline __attribute__((always_inline))
+#else
+#define ROPE_INLINE static inline
+#endif
 
-static inline float bf16_bits(uint32_t u) {
+ROPE_INLINE float bf16_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
-static inline float bf16_load(uint16_t h) { return bf16_bits((uint32_t)h << 16); }
+ROPE_INLINE float bf16_load(uint16_t h) { return bf16_bits((uint32_t)h << 16); }
 
 /* Round to nearest even, as torch does; every NaN becomes the quiet NaN 0x7fc0. Branch-free,
  * so it vectorizes. */
-static inline uint16_t bf16_store(float f) {
+ROPE_INLINE uint16_t bf16_store(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -82,8 +89,8 @@ static inline uint16_t bf16_store(float f) {
 #if defined(ROPE_VECTOR_BLOCKS)
 typedef float f32x8 __attribute__((vector_size(32)));
 
-static inline int64_t f32_interleaved_blocks(const float *x, float *o, const float *c,
-                                             const float *s, int64_t h) {
+ROPE_INLINE int64_t f32_interleaved_blocks(const float *x, float *o, const float *c,
+                                           const float *s, int64_t h) {
     int64_t i = 0;
     for (; i + 8 <= h; i += 8) {
         f32x8 v0, v1, c8, s8;
@@ -116,7 +123,7 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 /* o[0..15] = the 16 results in lo (pairs 0-3, 8-11) and hi (4-7, 12-15), rounded to bfloat16.
  * Vectors are passed by address: as arguments they would change the ABI between the builds. */
-static inline void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi) {
+ROPE_INLINE void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi) {
     u32x8 u = (u32x8)*lo, v = (u32x8)*hi;
     u32x8 nan_u = (u32x8)(*lo != *lo), nan_v = (u32x8)(*hi != *hi);
     u = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan_u) | (0x7fc00000u & nan_u);
@@ -126,8 +133,8 @@ static inline void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *h
     memcpy(o, &packed, sizeof packed);
 }
 
-static inline int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float *c,
-                                       const float *s, int64_t h) {
+ROPE_INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float *c,
+                                     const float *s, int64_t h) {
     const u16x16 zero = {0};
     int64_t i = 0;
     for (; i + 16 <= h; i += 16) {
@@ -169,47 +176,53 @@ static inline int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const flo
  * out of place (restrict: out does not overlap x) and in place; HBLOCKS and IBLOCKS do a
  * prefix of a half and of an interleaved row. */
 #define DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
-static inline void NAME##_half(const T *restrict x, T *restrict o, const ACC *restrict c,     \
-                               const ACC *restrict s, int64_t h) {                             \
+ROPE_INLINE void NAME##_half(const T *restrict x, T *restrict o, const ACC *restrict c,        \
+                             const ACC *restrict s, int64_t h) {                               \
     for (int64_t i = HBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
         o[i] = STORE(a * c[i] - b * s[i]);                                                     \
         o[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
     }                                                                                          \
 }                                                                                              \
-static inline void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *restrict s,   \
-                                        int64_t h) {                                           \
+ROPE_INLINE void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *restrict s,      \
+                                      int64_t h) {                                             \
     for (int64_t i = HBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
         x[i] = STORE(a * c[i] - b * s[i]);                                                     \
         x[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
     }                                                                                          \
 }                                                                                              \
-static inline void NAME##_interleaved(const T *restrict x, T *restrict o, const ACC *restrict c, \
-                                      const ACC *restrict s, int64_t h) {                      \
+ROPE_INLINE void NAME##_interleaved(const T *restrict x, T *restrict o, const ACC *restrict c, \
+                                    const ACC *restrict s, int64_t h) {                        \
     for (int64_t i = IBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
         PSTORE(STORE, o + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
     }                                                                                          \
 }                                                                                              \
-static inline void NAME##_interleaved_in_place(T *x, const ACC *restrict c,                   \
-                                               const ACC *restrict s, int64_t h) {             \
+ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,                      \
+                                             const ACC *restrict s, int64_t h) {               \
     for (int64_t i = IBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
         PSTORE(STORE, x + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
     }                                                                                          \
 }
 
-/* Rows [begin, end) of the tensor: `index` is the row's position in the leading dims, advanced
- * like an odometer, with the element offsets of x, out and the tables kept alongside. */
+/* Rows [begin, end) of the tensor. The innermost leading dim (usually seq) is walked as a run
+ * of rows, a pointer step per row; `index` is the position in the other leading dims, advanced
+ * like an odometer once per run, with the element offsets of x, out and the tables kept
+ * alongside. A 1-D x (ndim 0) is one run of one row. */
 #define DEFINE_RANGE(NAME, T, ACC)                                                             \
 static ROPE_TARGETS void NAME##_range(                                                         \
         const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
         int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
         const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
         int64_t rotary_dim, int64_t half_layout) {                                             \
-    int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, rest = begin;                        \
-    for (int64_t k = ndim - 1; k >= 0; k--) {                                                  \
+    const int64_t last = ndim - 1, run_size = ndim ? sizes[last] : 1;                          \
+    const int64_t xs = ndim ? x_strides[last] : 0, os = ndim ? out_strides[last] : 0;          \
+    const int64_t ts = ndim ? table_strides[last] : 0;                                         \
+    int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, rest = begin / run_size;             \
+    int64_t first = begin % run_size;                                                          \
+    for (int64_t k = last - 1; k >= 0; k--) {                                                  \
         index[k] = rest % sizes[k];                                                            \
         rest /= sizes[k];                                                                      \
         xo += index[k] * x_strides[k];                                                         \
@@ -217,21 +230,29 @@ static ROPE_TARGETS void NAME##_range(                                          
         to += index[k] * table_strides[k];                                                     \
     }                                                                                          \
     const int64_t h = rotary_dim / 2;                                                          \
-    for (int64_t r = begin; r < end; r++) {                                                    \
-        const T *xr = x + xo;                                                                  \
-        T *orow = out + oo;                                                                    \
-        const ACC *c = cos_t + to, *s = sin_t + to;                                            \
+    for (int64_t r = begin; r < end;) {                                                        \
+        int64_t n = run_size - first;                                                          \
+        if (n > end - r) n = end - r;                                                          \
+        const T *xr = x + xo + first * xs;                                                     \
+        T *orow = out + oo + first * os;                                                       \
+        const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                  \
         if (orow == xr) {                                                                      \
-            if (half_layout) NAME##_half_in_place(orow, c, s, h);                              \
-            else NAME##_interleaved_in_place(orow, c, s, h);                                   \
+            for (int64_t j = 0; j < n; j++, orow += os, c += ts, s += ts) {                    \
+                if (half_layout) NAME##_half_in_place(orow, c, s, h);                          \
+                else NAME##_interleaved_in_place(orow, c, s, h);                               \
+            }                                                                                  \
         } else {                                                                               \
-            if (half_layout) NAME##_half(xr, orow, c, s, h);                                   \
-            else NAME##_interleaved(xr, orow, c, s, h);                                        \
-            if (rotary_dim < head_dim)                                                         \
-                memcpy(orow + rotary_dim, xr + rotary_dim,                                     \
-                       (size_t)(head_dim - rotary_dim) * sizeof(T));                           \
+            for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {          \
+                if (half_layout) NAME##_half(xr, orow, c, s, h);                               \
+                else NAME##_interleaved(xr, orow, c, s, h);                                    \
+                if (rotary_dim < head_dim)                                                     \
+                    memcpy(orow + rotary_dim, xr + rotary_dim,                                 \
+                           (size_t)(head_dim - rotary_dim) * sizeof(T));                       \
+            }                                                                                  \
         }                                                                                      \
-        for (int64_t k = ndim - 1; k >= 0; k--) {                                              \
+        r += n;                                                                                \
+        first = 0;                                                                             \
+        for (int64_t k = last - 1; k >= 0; k--) {                                              \
             xo += x_strides[k];                                                                \
             oo += out_strides[k];                                                              \
             to += table_strides[k];                                                            \
@@ -249,7 +270,7 @@ static ROPE_TARGETS void NAME##_range(                                          
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
 DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                        \
 DEFINE_RANGE(NAME, T, ACC)                                                                     \
-void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,            \
+void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,             \
           int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
           int64_t half_layout) {                                                               \
     const int64_t *sizes = dims, *x_strides = dims + ndim, *out_strides = dims + 2 * ndim;     \
