@@ -108,7 +108,10 @@ def plain_call(*tensors: torch.Tensor) -> bool:
             or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode()):
         return False
     grad = torch.is_grad_enabled()
-    return not any(not plain_tensor(t) or (grad and t.requires_grad) for t in tensors)
+    for t in tensors:
+        if not plain_tensor(t) or (grad and t.requires_grad):
+            return False
+    return True
 
 
 def plain_tensor(t: torch.Tensor) -> bool:
