@@ -5,8 +5,12 @@ does, so every time here is reported as a ratio to a copy measured in the same r
 (``clone``, which allocates its output, and ``copy_`` into a buffer that already exists;
 with the compiled kernel also ``clone, huge pages``, a copy into an output allocated the way
 ropelib allocates its own, see ``ropelib.native``).
-Candidates are timed round-robin (one call of each in turn, repeated), so a burst of load on
-the machine hits all of them alike, and the median is reported.
+Candidates are timed round-robin (one sample of each in turn, repeated), so a burst of load
+on the machine hits all of them alike, and the median is reported. Every sample starts with
+an untimed call of its candidate, as in a training loop, which runs the same step again and
+again: a sample then measures the candidate after itself, not after the allocations of the
+candidate before it (which decide, for large tensors, whether its output is recycled memory
+or fresh pages that fault on first touch).
 
 The peers are written out here from their published form, each with the tables it uses:
 
@@ -72,9 +76,9 @@ def time_round_robin(candidates: dict[str, Callable[[], object]], device: torch.
                      ) -> dict[str, float]:
     """Median seconds per call of each candidate, timed in turn ``repeats`` times.
 
-    A sample times ``number`` consecutive calls, ``number`` chosen per candidate (after the
-    warm-up) so that a sample lasts at least ``min_sample_s``: tiny calls are not drowned in
-    the timer's own overhead.
+    A sample is one untimed call, then ``number`` consecutive timed calls, ``number`` chosen
+    per candidate (after the warm-up) so that a sample lasts at least ``min_sample_s``: tiny
+    calls are not drowned in the timer's own overhead.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -90,6 +94,7 @@ def time_round_robin(candidates: dict[str, Callable[[], object]], device: torch.
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, fn in candidates.items():
+            fn()
             _sync(device)
             start = time.perf_counter()
             for _ in range(numbers[name]):

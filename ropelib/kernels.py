@@ -23,10 +23,11 @@ The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output) 
 ``ropelib::rotate_out`` (into a given ``out``), registered with ``torch.library.custom_op``
 and a fake implementation, so ``torch.compile``, ``torch.export`` and ``torch.jit.trace``
 see one opaque node whose shape they know; ``rotate`` and ``rotate_out`` call them. Their
-implementation is ``_rotate``: it picks the path for the tensors of this call and prepares
-the tables for it, every call, keeping nothing; for plain tensors in eager mode that need
-no gradient, ``rotate`` calls it directly (``plain_call``). The autograd formula is
-registered by ``ropelib.rotation``. ``rotate_composite`` is the same rotation written in
+implementation is ``rotate_plain``: it picks the path for the tensors of this call and
+prepares the tables for it, every call, keeping nothing; for plain tensors in eager mode
+that need no gradient, ``rotate`` calls it directly (``plain_call``), and so does the eager
+training step's autograd node in ``ropelib.rotation``. The autograd formula is registered
+by ``ropelib.rotation``. ``rotate_composite`` is the same rotation written in
 differentiable PyTorch operations, for ``torch.func`` transforms and forward-mode AD, which
 must not hand the kernel their wrapped tensors.
 """
@@ -46,9 +47,9 @@ _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 @torch.library.custom_op("ropelib::rotate", mutates_args=())
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-               rotary_dim: int) -> torch.Tensor:
+               rotary_dim: int, inverse: bool = False) -> torch.Tensor:
     """R_Theta x, a new contiguous tensor: the first ``rotary_dim`` channels rotated, the
-    rest copied.
+    rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
 
     Args:
         x: ``(..., seq, head_dim)``.
@@ -56,13 +57,14 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             dtype, on x's device.
         layout: ``"interleaved"`` or ``"half"``.
         rotary_dim: rotated channels (even, <= head_dim).
+        inverse: rotate by the opposite angles, as if sin were -sin.
     """
-    return _rotate(x, cos, sin, layout, rotary_dim, None)
+    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
 
 
 @_rotate_op.register_fake
 def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int) -> torch.Tensor:
+                 rotary_dim: int, inverse: bool = False) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -81,11 +83,12 @@ def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-           rotary_dim: int) -> torch.Tensor:
-    """``ropelib::rotate``: R_Theta x, a new contiguous tensor (arguments as there)."""
+           rotary_dim: int, inverse: bool = False) -> torch.Tensor:
+    """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new contiguous
+    tensor (arguments as there)."""
     if plain_call(x, cos, sin):
-        return _rotate(x, cos, sin, layout, rotary_dim, None)
-    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim)
+        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
+    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse)
 
 
 def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -122,9 +125,9 @@ def plain_tensor(t: torch.Tensor) -> bool:
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor) -> None:
-    """``_rotate`` into ``out`` after checking its memory, on the real tensors (so also in a
-    compiled graph): out may not overlap the tables, nor share an element with x unless it
-    is x itself."""
+    """``rotate_plain`` into ``out`` after checking its memory, on the real tensors (so
+    also in a compiled graph): out may not overlap the tables, nor share an element with x
+    unless it is x itself."""
     out_span = _byte_span(out)
     for name, table in (("cos", cos), ("sin", sin)):
         if _intersect(out_span, _byte_span(table)):
@@ -134,7 +137,7 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
             and _intersect(out_span, _byte_span(x)) and _share_elements(out, x)):
         raise ValueError("out shares memory with x but is not x itself (other strides or "
                          "offset); pass out=x for an in-place rotation or a separate buffer")
-    _rotate(x, cos, sin, layout, rotary_dim, out)
+    rotate_plain(x, cos, sin, layout, rotary_dim, out, False)
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
@@ -178,13 +181,16 @@ def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
     return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-            rotary_dim: int, out: torch.Tensor | None) -> torch.Tensor:
-    """The operators' implementation: the path for these tensors, its tables, the rotation."""
+def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 rotary_dim: int, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    """The operators' implementation: the path for these tensors, its tables, the rotation
+    (by the opposite angles with ``inverse``: the compiled loop negates sin as it reads it,
+    the eager paths negate their copy of the table). Called directly only for plain
+    tensors in eager mode (``plain_call``); arguments as for ``ropelib::rotate``."""
     path = choose_path(x, out, layout, rotary_dim)
-    tables = prepare_tables(cos, sin, path, x.dtype, layout)
+    tables = prepare_tables(cos, sin, path, x.dtype, layout, inverse)
     if path == "native":
-        return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out)
+        return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out, inverse)
     in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -230,18 +236,22 @@ def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_d
 
 
 def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype,
-                   layout: str) -> tuple[torch.Tensor, ...]:
+                   layout: str, inverse: bool = False) -> tuple[torch.Tensor, ...]:
     """The tables a path multiplies by, with the rows (dim -2) of cos and sin.
 
-    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise;
-    ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
-    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype.
+    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise (the
+    loop itself negates sin for ``inverse``); ``"complex"``: (e^{i m theta} in x's
+    precision,); ``"upcast"``: (e^{i m theta} in float32,); ``"pairs"``: (cos, sin, cos
+    widened to full width), in x's dtype. With ``inverse`` the eager paths' tables are
+    those of -theta (sin negated).
     """
     if path == "native":
         accumulate = torch.float64 if dtype == torch.float64 else torch.float32
         if cos.dtype != accumulate or sin.dtype != accumulate:
             cos, sin = cos.to(accumulate), sin.to(accumulate)
         return cos.contiguous(), sin.contiguous()
+    if inverse:
+        sin = -sin
     if path == "complex":
         return (torch.complex(cos.to(dtype), sin.to(dtype)),)
     if path == "upcast":

@@ -101,7 +101,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.rope = {}
     for dtype in DTYPES:
         fn = getattr(lib, f"rope_{str(dtype).removeprefix('torch.')}")
-        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64]
+        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64]
         fn.restype = None
         lib.rope[dtype] = fn
     lib.rope_max_dims.restype = _I64
@@ -143,8 +143,8 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """out = R_Theta x with the compiled loop.
+           out: torch.Tensor | None = None, inverse: bool = False) -> torch.Tensor:
+    """out = R_Theta x (or R_{-Theta} x, the inverse) with the compiled loop.
 
     Every pointer handed to C belongs to a tensor this call holds a reference to, and nothing
     is kept after it returns, so concurrent calls (the loop runs without the GIL) share nothing.
@@ -158,6 +158,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
         rotary_dim: rotated channels; the rest are copied (unless out is x).
         out: destination of x's shape and dtype, channels contiguous; x itself or memory that
             shares no element with x. Default: new.
+        inverse: rotate by the opposite angles (sin read as -sin), as the gradient does.
     """
     if out is None:
         out = empty_like(x)
@@ -166,7 +167,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
         threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_ELEMENTS))
         _load()[0].rope[x.dtype](x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  threads, x.ndim - 1, dims, x.shape[-1], rotary_dim,
-                                 int(layout == "half"))
+                                 int(layout == "half"), int(inverse))
     return out
 
 

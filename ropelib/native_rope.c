@@ -90,7 +90,7 @@ ROPE_INLINE uint16_t bf16_store(float f) {
 typedef float f32x8 __attribute__((vector_size(32)));
 
 ROPE_INLINE int64_t f32_interleaved_blocks(const float *x, float *o, const float *c,
-                                           const float *s, int64_t h) {
+                                           const float *s, float sign, int64_t h) {
     int64_t i = 0;
     for (; i + 8 <= h; i += 8) {
         f32x8 v0, v1, c8, s8;
@@ -101,7 +101,7 @@ ROPE_INLINE int64_t f32_interleaved_blocks(const float *x, float *o, const float
         f32x8 a = __builtin_shufflevector(v0, v1, 0, 2, 8, 10, 4, 6, 12, 14);
         f32x8 b = __builtin_shufflevector(v0, v1, 1, 3, 9, 11, 5, 7, 13, 15);
         f32x8 cp = __builtin_shufflevector(c8, c8, 0, 1, 4, 5, 2, 3, 6, 7);
-        f32x8 sp = __builtin_shufflevector(s8, s8, 0, 1, 4, 5, 2, 3, 6, 7);
+        f32x8 sp = __builtin_shufflevector(s8, s8, 0, 1, 4, 5, 2, 3, 6, 7) * sign;
         f32x8 na = a * cp - b * sp, nb = a * sp + b * cp;
         v0 = __builtin_shufflevector(na, nb, 0, 8, 1, 9, 4, 12, 5, 13);
         v1 = __builtin_shufflevector(na, nb, 2, 10, 3, 11, 6, 14, 7, 15);
@@ -134,7 +134,7 @@ ROPE_INLINE void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi)
 }
 
 ROPE_INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float *c,
-                                     const float *s, int64_t h) {
+                                     const float *s, float sign, int64_t h) {
     const u16x16 zero = {0};
     int64_t i = 0;
     for (; i + 16 <= h; i += 16) {
@@ -146,6 +146,8 @@ ROPE_INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float
         memcpy(&c1, c + i + 8, sizeof c1);
         memcpy(&s0, s + i, sizeof s0);
         memcpy(&s1, s + i + 8, sizeof s1);
+        s0 *= sign;
+        s1 *= sign;
         f32x8 a0 = (f32x8)__builtin_shufflevector(zero, va, 0, 16, 1, 17, 2, 18, 3, 19,
                                                   8, 24, 9, 25, 10, 26, 11, 27);
         f32x8 a1 = (f32x8)__builtin_shufflevector(zero, va, 4, 20, 5, 21, 6, 22, 7, 23,
@@ -170,40 +172,43 @@ ROPE_INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float
 #define F32_BLOCKS NO_BLOCKS
 #define BF16_HALF_BLOCKS NO_BLOCKS
 #endif
-#define NO_BLOCKS(x, o, c, s, h) 0
+#define NO_BLOCKS(x, o, c, s, sign, h) 0
 
 /* The pair loops of one row, for `half` pairs (i, i + h) and `interleaved` pairs (2i, 2i + 1):
  * out of place (restrict: out does not overlap x) and in place; HBLOCKS and IBLOCKS do a
- * prefix of a half and of an interleaved row. */
+ * prefix of a half and of an interleaved row. `sign` is 1 for R_Theta and -1 for its inverse
+ * R_{-Theta} (sin negated: the gradient), exact either way. */
 #define DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
 ROPE_INLINE void NAME##_half(const T *restrict x, T *restrict o, const ACC *restrict c,        \
-                             const ACC *restrict s, int64_t h) {                               \
-    for (int64_t i = HBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
-        ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
-        o[i] = STORE(a * c[i] - b * s[i]);                                                     \
-        o[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
+                             const ACC *restrict s, ACC sign, int64_t h) {                     \
+    for (int64_t i = HBLOCKS(x, o, c, s, sign, h); i < h; i++) {                               \
+        ACC a = LOAD(x[i]), b = LOAD(x[i + h]), si = sign * s[i];                              \
+        o[i] = STORE(a * c[i] - b * si);                                                       \
+        o[i + h] = STORE(a * si + b * c[i]);                                                   \
     }                                                                                          \
 }                                                                                              \
 ROPE_INLINE void NAME##_half_in_place(T *x, const ACC *restrict c, const ACC *restrict s,      \
-                                      int64_t h) {                                             \
-    for (int64_t i = HBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
-        ACC a = LOAD(x[i]), b = LOAD(x[i + h]);                                                \
-        x[i] = STORE(a * c[i] - b * s[i]);                                                     \
-        x[i + h] = STORE(a * s[i] + b * c[i]);                                                 \
+                                      ACC sign, int64_t h) {                                   \
+    for (int64_t i = HBLOCKS(x, x, c, s, sign, h); i < h; i++) {                               \
+        ACC a = LOAD(x[i]), b = LOAD(x[i + h]), si = sign * s[i];                              \
+        x[i] = STORE(a * c[i] - b * si);                                                       \
+        x[i + h] = STORE(a * si + b * c[i]);                                                   \
     }                                                                                          \
 }                                                                                              \
 ROPE_INLINE void NAME##_interleaved(const T *restrict x, T *restrict o, const ACC *restrict c, \
-                                    const ACC *restrict s, int64_t h) {                        \
-    for (int64_t i = IBLOCKS(x, o, c, s, h); i < h; i++) {                                     \
+                                    const ACC *restrict s, ACC sign, int64_t h) {              \
+    for (int64_t i = IBLOCKS(x, o, c, s, sign, h); i < h; i++) {                               \
+        ACC si = sign * s[i];                                                                  \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
-        PSTORE(STORE, o + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
+        PSTORE(STORE, o + 2 * i, a * c[i] - b * si, a * si + b * c[i]);                        \
     }                                                                                          \
 }                                                                                              \
 ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,                      \
-                                             const ACC *restrict s, int64_t h) {               \
-    for (int64_t i = IBLOCKS(x, x, c, s, h); i < h; i++) {                                     \
+                                             const ACC *restrict s, ACC sign, int64_t h) {     \
+    for (int64_t i = IBLOCKS(x, x, c, s, sign, h); i < h; i++) {                               \
+        ACC si = sign * s[i];                                                                  \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
-        PSTORE(STORE, x + 2 * i, a * c[i] - b * s[i], a * s[i] + b * c[i]);                    \
+        PSTORE(STORE, x + 2 * i, a * c[i] - b * si, a * si + b * c[i]);                        \
     }                                                                                          \
 }
 
@@ -216,7 +221,7 @@ static ROPE_TARGETS void NAME##_range(                                          
         const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
         int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
         const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
-        int64_t rotary_dim, int64_t half_layout) {                                             \
+        int64_t rotary_dim, int64_t half_layout, ACC sign) {                                   \
     const int64_t last = ndim - 1, run_size = ndim ? sizes[last] : 1;                          \
     const int64_t xs = ndim ? x_strides[last] : 0, os = ndim ? out_strides[last] : 0;          \
     const int64_t ts = ndim ? table_strides[last] : 0;                                         \
@@ -238,13 +243,13 @@ static ROPE_TARGETS void NAME##_range(                                          
         const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                  \
         if (orow == xr) {                                                                      \
             for (int64_t j = 0; j < n; j++, orow += os, c += ts, s += ts) {                    \
-                if (half_layout) NAME##_half_in_place(orow, c, s, h);                          \
-                else NAME##_interleaved_in_place(orow, c, s, h);                               \
+                if (half_layout) NAME##_half_in_place(orow, c, s, sign, h);                    \
+                else NAME##_interleaved_in_place(orow, c, s, sign, h);                         \
             }                                                                                  \
         } else {                                                                               \
             for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {          \
-                if (half_layout) NAME##_half(xr, orow, c, s, h);                               \
-                else NAME##_interleaved(xr, orow, c, s, h);                                    \
+                if (half_layout) NAME##_half(xr, orow, c, s, sign, h);                         \
+                else NAME##_interleaved(xr, orow, c, s, sign, h);                              \
                 if (rotary_dim < head_dim)                                                     \
                     memcpy(orow + rotary_dim, xr + rotary_dim,                                 \
                            (size_t)(head_dim - rotary_dim) * sizeof(T));                       \
@@ -272,21 +277,22 @@ DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)         
 DEFINE_RANGE(NAME, T, ACC)                                                                     \
 void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,             \
           int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
-          int64_t half_layout) {                                                               \
+          int64_t half_layout, int64_t inverse) {                                              \
     const int64_t *sizes = dims, *x_strides = dims + ndim, *out_strides = dims + 2 * ndim;     \
     const int64_t *table_strides = dims + 3 * ndim;                                            \
+    const ACC sign = inverse ? -1 : 1;                                                         \
     int64_t rows = 1;                                                                          \
     for (int64_t k = 0; k < ndim; k++) rows *= sizes[k];                                       \
     if (threads <= 1 || rows < 2) {                                                            \
         NAME##_range(x, out, cos_t, sin_t, 0, rows, ndim, sizes, x_strides, out_strides,       \
-                     table_strides, head_dim, rotary_dim, half_layout);                        \
+                     table_strides, head_dim, rotary_dim, half_layout, sign);                  \
         return;                                                                                \
     }                                                                                          \
     _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
     for (int64_t t = 0; t < threads; t++)                                                      \
         NAME##_range(x, out, cos_t, sin_t, rows * t / threads, rows * (t + 1) / threads, ndim, \
                      sizes, x_strides, out_strides, table_strides, head_dim, rotary_dim,       \
-                     half_layout);                                                             \
+                     half_layout, sign);                                                       \
 }
 
 int64_t rope_max_dims(void) { return ROPE_MAX_DIMS; }

@@ -13,9 +13,9 @@ The path of a call, each module once: ``apply_rope`` here checks the arguments a
 the table rows of x's positions (a view, or a gather for ``positions``); the operator
 ``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
 an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
-so the autograd formula registered here for that operator is the same operator with sin
-negated. Nothing is cached on the caller's tensors: every call works from the tensors it is
-given.
+so the autograd formula registered here for that operator is the same operator with
+``inverse=True`` (sin read as -sin). Nothing is cached on the caller's tensors: every call
+works from the tensors it is given.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def apply_rope(
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(x, cos, sin):
-            return _eager_rotation(x, cos, sin, layout, rd)
+            return _eager_rotation(x, cos, sin, layout, rd, False)
         return kernels.rotate(x, cos, sin, layout, rd)
     kernels.rotate_out(x, cos, sin, layout, rd, out)
     return out
@@ -168,6 +168,8 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
     seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
+        if needed == table_len and not offset:
+            return cos, sin
         if needed <= table_len:
             return cos[offset:needed], sin[offset:needed]
         if short_table == "raise" or table_len == 0:
@@ -230,27 +232,27 @@ def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
     training step."""
-    x, cos, sin, layout, rotary_dim = inputs
+    x, cos, sin, layout, rotary_dim, inverse = inputs
     tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     ctx.save_for_backward(x if tables_need_grad else None, cos, sin)
-    ctx.layout, ctx.rotary_dim = layout, rotary_dim
+    ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
 
 
 def _backward(ctx, grad: torch.Tensor) -> tuple:
-    """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator with sin
-    negated (differentiable again, for double backward); the grads of cos and sin from the
-    pairs of x and g."""
+    """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator, inverted
+    (differentiable again, for double backward; the kernel reads sin as -sin, so no negated
+    table is made); the grads of cos and sin from the pairs of x and g."""
     x, cos, sin = ctx.saved_tensors
-    layout, rd = ctx.layout, ctx.rotary_dim
+    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
-        grad_x = kernels.rotate(grad, cos, -sin, layout, rd)
+        grad_x = kernels.rotate(grad, cos, sin, layout, rd, not inverse)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         a, b = kernels.pairs(x[..., :rd], layout)
         ga, gb = kernels.pairs(grad[..., :rd], layout)
         grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
-        grad_sin = (gb * a - ga * b).sum_to_size(sin.shape)
-    return grad_x, grad_cos, grad_sin, None, None
+        grad_sin = ((ga * b - gb * a) if inverse else (gb * a - ga * b)).sum_to_size(sin.shape)
+    return grad_x, grad_cos, grad_sin, None, None, None
 
 
 torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)
@@ -272,8 +274,8 @@ class _EagerRotation(torch.autograd.Function):
 
     @staticmethod
     def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                rotary_dim: int) -> torch.Tensor:
-        return kernels.rotate(x, cos, sin, layout, rotary_dim)
+                rotary_dim: int, inverse: bool) -> torch.Tensor:
+        return kernels.rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
 
     setup_context = staticmethod(_setup_backward)
 

@@ -70,7 +70,8 @@ def test_time_round_robin_medians_and_arguments():
     medians = bench.time_round_robin({"a": count("a"), "b": count("b")}, torch.device("cpu"),
                                      repeats=3, warmup=1, min_sample_s=0)
     assert set(medians) == {"a", "b"} and all(t > 0 for t in medians.values())
-    assert calls == {"a": 1 + 1 + 3, "b": 1 + 1 + 3}  # warm-up, the sizing call, the samples
+    # warm-up, the sizing call, then per sample an untimed call and one timed call
+    assert calls == {"a": 1 + 1 + 3 * 2, "b": 1 + 1 + 3 * 2}
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         bench.time_round_robin({"a": count("a")}, torch.device("cpu"), repeats=0)
 

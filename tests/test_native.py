@@ -117,6 +117,29 @@ def test_float32_bit_identical_to_torch_for_every_row_width(layout, in_place):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64, torch.bfloat16, torch.float16])
+def test_inverse_rotates_by_minus_theta(layout, native_on, dtype):
+    """``inverse=True`` (the gradient's rotation) gives the bits of the rotation with a
+    negated sin table, on every path (the compiled loop's vector blocks and scalar tails, the
+    eager complex, upcast and pairs paths), and undoes the forward rotation (float64
+    reference with the angles negated)."""
+    previous = native.set_enabled(native_on)
+    try:
+        for dim, rd in ((8, 8), (40, 40), (64, 48)):
+            x = torch.randn(2, 6, 3, dim).transpose(1, 2).to(dtype)
+            cos, sin = generate_rope_embeddings(6, rd, dtype=F64 if dtype == F64 else torch.float32)
+            inverse = kernels.rotate(x, cos, sin, layout, rd, True)
+            assert torch.equal(inverse, kernels.rotate(x, cos, -sin, layout, rd)), (dim, rd)
+            expected = rope_by_pairs(x.to(F64)[..., :rd], -angles64(6, rd), layout)
+            tol = 1e-12 if dtype == F64 else 1e-2 if dtype.itemsize == 2 else 1e-6
+            torch.testing.assert_close(inverse[..., :rd].to(F64), expected, rtol=tol, atol=tol)
+            assert torch.equal(inverse[..., rd:], x[..., rd:])
+    finally:
+        native.set_enabled(previous)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_threads_split_rows_without_changing_a_bit(layout):
     x = torch.randn(4, 8, 300, 64)
     cos, sin = generate_rope_embeddings(300, 64)

@@ -404,6 +404,7 @@ def test_operator_registration_passes_opcheck():
     cos, sin = generate_rope_embeddings(6, 8)
     x = torch.randn(2, 6, 8, requires_grad=True)
     torch.library.opcheck(torch.ops.ropelib.rotate.default, (x, cos, sin, "half", 8))
+    torch.library.opcheck(torch.ops.ropelib.rotate.default, (x, cos, sin, "half", 8, True))
     torch.library.opcheck(torch.ops.ropelib.rotate.default,
                           (torch.randn(3, 6, 8, dtype=torch.bfloat16), cos, sin, "interleaved", 6))
     torch.library.opcheck(torch.ops.ropelib.rotate_out.default,
