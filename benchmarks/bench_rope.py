@@ -13,6 +13,7 @@ or warmed caches.
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 
@@ -65,6 +66,18 @@ def backward_table(x: torch.Tensor, layout: str, repeats: int) -> None:
     ratios += (", autograd floor "
                f"{medians['autograd floor fwd+bwd'] / medians['autograd floor fwd']:.2f}")
     print(f"  fwd+bwd / fwd: {ratios}")
+    faults = ", ".join(f"{name} {minor_faults(cases[name])}" for name in
+                       ("ropelib fwd", "ropelib fwd+bwd", "clone fwd", "clone fwd+bwd"))
+    print(f"  minor page faults of one call, after an untimed one: {faults}")
+
+
+def minor_faults(fn) -> int:
+    """Page faults of a call of fn right after an untimed one (as in a timed sample): fresh
+    memory faults on first touch, memory the allocator recycles does not."""
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def one_table(spec: str, device: torch.device, repeats: int, compile_peers: bool) -> None:

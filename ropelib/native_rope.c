@@ -4,7 +4,8 @@
  *     b' = a sin(m theta_i) + b cos(m theta_i),
  *
  * in float32 arithmetic for float32 and bfloat16 (rounded once on the way out) and in
- * float64 for float64. Compiled on first use by ropelib/native.py and called through ctypes.
+ * float64 for float64; `inverse` rotates by -theta instead (sin read as -sin, exactly), which
+ * is the gradient. Compiled on first use by ropelib/native.py and called through ctypes.
  *
  * x, out and the tables are addressed as "rows" of channels (the last dim, stride 1); every
  * other dim is described by its size and a stride per tensor (a table's stride is 0 along
