@@ -168,8 +168,8 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
     seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
-        if needed == table_len and not offset:
-            return cos, sin
+        if needed == table_len and not offset and not torch.jit.is_tracing():
+            return cos, sin  # a trace keeps the slice: it runs again with other lengths
         if needed <= table_len:
             return cos[offset:needed], sin[offset:needed]
         if short_table == "raise" or table_len == 0:

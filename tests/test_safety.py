@@ -460,6 +460,11 @@ def test_row16_offset_as_numpy_or_tensor_integer_and_jit_trace():
     close(traced(x), want)
     other = torch.randn(2, 3, 8)
     close(traced(other), expected(other, range(2, 5), 8))
+    for dtype in (torch.float32, torch.float16):  # the compiled loop and an eager path
+        whole = torch.jit.trace(lambda v: apply_rope(v, cos, sin),
+                                (torch.randn(2, 10, 8).to(dtype),))
+        shorter = torch.randn(2, 4, 8).to(dtype)
+        close(whole(shorter).float(), expected(shorter.float(), range(4), 8), tol=1e-3)
 
 
 # Writes through out= are in-place writes ---------------------------------------------------
