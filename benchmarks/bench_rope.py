@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_rope.py            # CPU (and CUDA when available)
     .venv/bin/python benchmarks/bench_rope.py --quick    # small shape only, fewer repeats
 
-Everything in one table is measured in one run, round-robin (see ropelib.bench), and printed
+Everything in one table is measured in one run, round-robin (see ropelib.book.bench), and printed
 as the median time, the ratio to ``clone`` and to ``copy_`` into a preallocated buffer, and
 the bandwidth of a read plus a write of x. Each RoPE table is timed in a fresh process (this
 script run with ``--table``), so no table inherits another's allocator state, compiled code
@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from ropelib import bench
 from ropelib.attention import StandardAttentionWithRoPE
+from ropelib.book import bench
+from ropelib.book.timing import fit_power_law
 from ropelib.linear_attention import linear_attention
-from ropelib.timing import fit_power_law
 
 SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
 DTYPES = (torch.float32, torch.bfloat16)

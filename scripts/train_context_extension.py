@@ -9,8 +9,8 @@ committed file was made by exactly that command (the defaults below: ``--seed 0 
 --finetune-steps 100 --threads 1``). Training is deterministic on the CPU with one thread:
 the same command gives the same weights.
 
-What it trains, all ``ropelib.toy.ToyDecoder`` models on the look-back task
-(``ropelib.toy.lookback_batch``) at length ``TRAIN_LENGTH``:
+What it trains, all ``ropelib.book.toy.ToyDecoder`` models on the look-back task
+(``ropelib.book.toy.lookback_batch``) at length ``TRAIN_LENGTH``:
 
 - one model per position scheme: ``"none"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"``
   (``--steps`` steps each, the same batches for all, initial weights from ``seed + index``);
@@ -19,7 +19,7 @@ What it trains, all ``ropelib.toy.ToyDecoder`` models on the look-back task
   ``"rope+pi-ft-xS"`` with position interpolation of factor s (Chen et al. 2023), and
   ``"rope-ft-xS"`` without any scaling, the control that says what the fine-tune alone buys.
 
-The file maps each name to ``ropelib.toy.checkpoint_entry`` (config, float16 weights, losses,
+The file maps each name to ``ropelib.book.toy.checkpoint_entry`` (config, float16 weights, losses,
 scaling), plus ``"meta"`` with the settings.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ropelib.toy import POSITIONS, ToyConfig, ToyDecoder, checkpoint_entry, lookback_batch, lookback_loss
+from ropelib.book.toy import POSITIONS, ToyConfig, ToyDecoder, checkpoint_entry, lookback_batch, lookback_loss
 
 TRAIN_LENGTH = 64
 FACTORS = (2, 4, 8)

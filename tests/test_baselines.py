@@ -1,4 +1,4 @@
-"""ropelib.baselines against the papers: sinusoidal embeddings, Shaw et al., T5 buckets, ALiBi.
+"""ropelib.book.baselines against the papers: sinusoidal embeddings, Shaw et al., T5 buckets, ALiBi.
 
 The references here are written out independently of ropelib: the formulas of the papers in
 float64 Python, hand-derived values, and (for T5) Hugging Face's bucket function transcribed
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ropelib.baselines import (
+from ropelib.book.baselines import (
     ScoreTerms,
     absolute_score_terms,
     alibi_bias,

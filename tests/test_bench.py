@@ -1,4 +1,4 @@
-"""ropelib.bench: every candidate it times computes what its name says, and the timer's rules.
+"""ropelib.book.bench: every candidate it times computes what its name says, and the timer's rules.
 
 The reference for every formulation is the explicit rotation in float64 (tests/reference.py).
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 from reference import angles, rope_by_pairs, thetas
 
-from ropelib import bench
+from ropelib.book import bench
 
 F64 = torch.float64
 LAYOUTS = ["interleaved", "half"]

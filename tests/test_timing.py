@@ -1,4 +1,4 @@
-"""ropelib.timing: the log-log fit recovers exact power laws; time_call times every call once."""
+"""ropelib.book.timing: the log-log fit recovers exact power laws; time_call times every call once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from ropelib.timing import fit_loglog_slope, fit_power_law, time_call
+from ropelib.book.timing import fit_loglog_slope, fit_power_law, time_call
 
 
 @pytest.mark.parametrize("exponent", [-1.0, 0.0, 0.5, 1.0, 2.0, 3.0])

@@ -1,4 +1,4 @@
-"""ropelib.toy: the look-back task's data, the toy decoder's position schemes and checkpoints."""
+"""ropelib.book.toy: the look-back task's data, the toy decoder's position schemes and checkpoints."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ropelib.toy import (
+from ropelib.book.toy import (
     IGNORE,
     POSITIONS,
     ToyConfig,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ropelib.toy import POSITIONS, lookback_batch, lookback_loss, model_from_entry
+from ropelib.book.toy import POSITIONS, lookback_batch, lookback_loss, model_from_entry
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_context_extension.py"
 

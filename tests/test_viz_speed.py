@@ -126,7 +126,7 @@ def test_dtype_conversions_and_lists_of_tensors():
 
 
 def test_the_rotate_half_formula_counts_five_copies_plus_tables():
-    from ropelib import bench
+    from ropelib.book import bench
     x = torch.randn(2, 3, 16, 8)
     c, s = torch.randn(16, 8), torch.randn(16, 8)
     traffic = memory_traffic(lambda: bench.hf_rotate_half(x, c, s))

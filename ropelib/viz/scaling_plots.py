@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from ..timing import fit_power_law
+from ..book.timing import fit_power_law
 
 __all__ = ["draw_singular_values", "draw_time_scaling"]
 

@@ -6,7 +6,7 @@ bytes the operator reads and writes (views move nothing). ``draw_roofline`` draw
 model (attainable flop rate against arithmetic intensity), ``draw_speed_bars`` the measured
 time of each formulation relative to a copy, and ``speed_table_html`` renders measured medians
 as an HTML table (no pandas) with ratios to ``clone`` and to ``copy_`` and the bandwidth.
-Times are measured elsewhere (``ropelib.bench.time_round_robin``); these functions only count,
+Times are measured elsewhere (``ropelib.book.bench.time_round_robin``); these functions only count,
 draw and format.
 """
 

@@ -31,9 +31,9 @@ from collections.abc import Callable
 
 import torch
 
-from . import native
-from .rotation import apply_rope
-from .tables import generate_rope_embeddings
+from .. import native
+from ..rotation import apply_rope
+from ..tables import generate_rope_embeddings
 
 PEERS = {"half": ("hf_rotate_half", "half_split_cat"),
          "interleaved": ("meta_complex", "roformer_stack")}

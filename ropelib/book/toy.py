@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import StandardAttentionWithRoPE
+from ..attention import StandardAttentionWithRoPE
+from ..tables import generate_rope_embeddings
 from .baselines import alibi_bias, sinusoidal_embeddings
-from .tables import generate_rope_embeddings
 
 __all__ = ["IGNORE", "POSITIONS", "ToyConfig", "ToyDecoder", "checkpoint_entry", "lookback_accuracy",
            "lookback_batch", "lookback_loss", "model_from_entry"]

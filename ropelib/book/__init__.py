@@ -1,0 +1,10 @@
+"""Book support: what the chapters and the benchmark need, and a user of ropelib does not.
+
+- ``ropelib.book.baselines``: the position schemes RoPE is compared with (sinusoidal, Shaw,
+  T5 buckets, ALiBi).
+- ``ropelib.book.toy``: the look-back task and the small decoder of chapter 10.
+- ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``.
+- ``ropelib.book.timing``: a call timer and log-log fits.
+
+``import ropelib`` does not import this package; the core never imports it.
+"""
