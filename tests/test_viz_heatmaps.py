@@ -92,7 +92,7 @@ def test_grid_draws_one_image_per_matrix_and_one_colorbar():
     assert axes[1, 0].get_ylabel().startswith("RoPE")
     assert isinstance(fig.canvas, FigureCanvasAgg)
     fig.canvas.draw()  # the layout engine and the Agg renderer run without error
-    assert fig.canvas.buffer_rgba().shape == (600, 700, 4)
+    assert fig.canvas.buffer_rgba().shape == (round(6 * fig.dpi), round(7 * fig.dpi), 4)
 
 
 def test_grid_without_colorbar_or_titles():

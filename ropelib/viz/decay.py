@@ -107,14 +107,14 @@ def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
     bound = float(np.abs(walk[1:]).mean())
     # titles as plain text: set_title re-measures the axes on every draw (slow in animations)
     plane.text(0.5, 1.02, f"distance {distance:g}: S_j for d = {head_dim}, base {base:,.0f}",
-               transform=plane.transAxes, ha="center", va="bottom", fontsize=9)
+               transform=plane.transAxes, ha="center", va="bottom", fontsize="small")
     plane.text(0.03, 0.04, f"|S_d/2| = {abs(walk[-1]):.2f}", transform=plane.transAxes,
-               fontsize=8, color="tab:red")
+               fontsize="small", color="tab:red")
 
     draw_decay_bound(curve, np.arange(0, max_distance + 1), head_dim, base)
     curve.plot([distance], [bound], "o", color="tab:red", ms=7, gid="current_bound")
     curve.text(0.97, 0.95, f"bound = {bound:.2f}", transform=curve.transAxes, ha="right",
-               va="top", fontsize=9, color="tab:red")
+               va="top", fontsize="small", color="tab:red")
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.17, top=0.9, wspace=0.3)
     return {"bound": bound, "end": float(abs(walk[-1]))}
 
@@ -149,7 +149,7 @@ def draw_score_curves(ax: Axes, distances: Sequence[float],
     ax.set_xlabel("relative distance")
     ax.set_ylabel(ylabel)
     ax.set_xlim(x.min(), x.max())
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize="small", loc="upper right")
     return lines
 
 
@@ -203,5 +203,5 @@ def draw_base_bounds(ax: Axes, context_lengths: Sequence[float], bases: Sequence
     ax.set_xlabel("context length L")
     ax.set_ylabel("base")
     ax.grid(True, which="major", color="0.9", lw=0.6)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize="small", loc="upper left")
     return line

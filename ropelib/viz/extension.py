@@ -166,7 +166,7 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
     ax.set_xlabel("evaluation length N")
     ax.set_ylabel("look-back accuracy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
               frameon=False)
     return lines
 
@@ -214,7 +214,7 @@ def draw_accuracy_by_position(ax: Axes, correct: Mapping[str, Any], *, train_len
     ax.set_xlabel("query position m")
     ax.set_ylabel("look-back accuracy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="lower left")
+    ax.legend(fontsize="small", loc="lower left")
     return drawn
 
 

@@ -61,11 +61,11 @@ def draw_wavelengths(ax: Axes, configs: Sequence[tuple[float, int]], context_len
         lines.append(line)
     ax.axhline(context_length, color="0.3", lw=1.0, ls=":", gid="context_line")
     ax.text(0.0, context_length * 1.3, f"context {context_length:,} tokens", color="0.3",
-            fontsize=8, va="bottom")
+            fontsize="small", va="bottom")
     ax.set_yscale("log")
     ax.set_xlabel("pair index i")
     ax.set_ylabel("wavelength 2π/θ_i (positions)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, 0.93))
     ax.grid(True, which="major", color="0.9", lw=0.6)
     return lines
 
@@ -106,8 +106,8 @@ def draw_wavelength_slider(fig: Figure, log10_base: float, head_dim: int, *,
     ax.text(0.98, 0.04, f"base = {10.0**log10_base:,.0f}, d = {head_dim}\n"
             f"{int(slow.sum())} of {wl.size} pairs never turn in {context_length:,} tokens\n"
             f"pair 0 turns {fastest:,.0f} times", transform=ax.transAxes, ha="right",
-            va="bottom", fontsize=8)
-    ax.legend(fontsize=8, loc="upper left")
+            va="bottom", fontsize="small")
+    ax.legend(fontsize="small", loc="upper left")
     ax.grid(True, which="major", color="0.9", lw=0.6)
     return {"never_turn": float(slow.sum()), "fastest_turns": float(fastest)}
 
@@ -142,5 +142,5 @@ def draw_distance_similarity(ax: Axes, gaps: Sequence[float],
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("gap between the two distances")
     ax.set_ylabel("cosine similarity")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize="small", loc="lower right")
     return lines

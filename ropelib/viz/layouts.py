@@ -110,8 +110,8 @@ def draw_layout_matrices(fig: Figure, matrices: Mapping[str, Any], *,
     for ax, (title, array) in zip(axes, arrays.items(), strict=True):
         images.append(ax.imshow(array, cmap=cmap, vmin=-1.0, vmax=1.0))
         ticks = np.arange(array.shape[0])
-        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize="x-small")
-        ax.set_yticks(ticks, [str(t) for t in ticks], fontsize="x-small")
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize="small")
+        ax.set_yticks(ticks, [str(t) for t in ticks], fontsize="small")
         ax.set_title(title, fontsize="medium")
     fig.colorbar(images[-1], ax=list(axes), shrink=0.8)
     return images

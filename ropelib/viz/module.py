@@ -95,7 +95,7 @@ def draw_masks(fig: Figure, masks: Mapping[str, Any]) -> list[Axes]:
         ax.imshow(matrix, cmap=_MASK_CMAP, vmin=0, vmax=1)
         ax.set_xticks(range(matrix.shape[1]))
         ax.set_yticks(range(matrix.shape[0]))
-        ax.tick_params(labelsize="x-small", length=0)
+        ax.tick_params(labelsize="small", length=0)
         ax.set_xlabel("key")
         ax.set_title(title, fontsize="medium")
     axes[0].set_ylabel("query")

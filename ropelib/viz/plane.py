@@ -163,7 +163,7 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
                                      ("$R_m q$", state.q_rot, Q_COLOR, 1.0),
                                      ("$R_n k$", state.k_rot, K_COLOR, 1.0)):
         plane.text(*_label_position(tip, radius), label, color=color, alpha=alpha,
-                   ha="center", va="center", fontsize=9)
+                   ha="center", va="center", fontsize="small")
 
     k_dir = math.degrees(math.atan2(state.k_rot[1], state.k_rot[0]))
     span = math.degrees(state.angle)
@@ -181,10 +181,10 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
     plane.set_yticks([])
     # titles as plain text: set_title re-measures the axes on every draw (slow in animations)
     plane.text(0.5, 1.02, f"m = {state.m:g}, n = {state.n:g}, θ = {state.theta:.2f}",
-               transform=plane.transAxes, ha="center", va="bottom", fontsize=10)
+               transform=plane.transAxes, ha="center", va="bottom", fontsize="medium")
     plane.text(0.5, -0.03, f"angle = {state.angle:+.2f} rad\n"
                f"$\\langle R_m q, R_n k\\rangle$ = {state.dot:.3f}", transform=plane.transAxes,
-               fontsize=9, ha="center", va="top", color="0.15", gid="dot_text")
+               fontsize="small", ha="center", va="top", color="0.15", gid="dot_text")
 
     norm = float(np.linalg.norm(state.q) * np.linalg.norm(state.k))
     alpha = math.atan2(state.q[1], state.q[0]) - math.atan2(state.k[1], state.k[0])
@@ -202,7 +202,7 @@ def draw_rotation_plane(fig: Figure, theta: float, m: float, n: float,
     curve.set_xlabel("gap m − n")
     curve.set_ylabel("score")
     curve.text(0.5, 1.02, "score against the gap", transform=curve.transAxes, ha="center",
-               va="bottom", fontsize=10)
+               va="bottom", fontsize="medium")
     step = max(1, gap_range // 2)
     curve.set_xticks(np.arange(-(gap_range // step) * step, gap_range + 1, step))
     curve.set_yticks([-top, 0.0, top], [f"{-top:.2f}", "0", f"{top:.2f}"])

@@ -13,17 +13,24 @@ from IPython.display import HTML, Image, display
 from matplotlib.animation import FuncAnimation
 from matplotlib.figure import Figure
 
+from . import style
+
 Draw = Callable[..., None]
+
+DEFAULT_ASPECT = 0.5
+"""Height / width of a slider's figure when no ``figsize`` is given (it spans the column)."""
 
 
 def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
-             fixed: dict | None = None, figsize: tuple[float, float] = (6.0, 4.0),
-             dpi: int = 72, interval_ms: int = 500) -> HTML:
+             fixed: dict | None = None, figsize: tuple[float, float] | None = None,
+             interval_ms: int = 500) -> HTML:
     """A self-contained HTML animation of ``draw(fig, **fixed, param=value)`` over ``values``.
 
     The result is a play/step/scrub control that needs no kernel and no network, so it is the
     static book's stand-in for a live slider over the same parameter. ``alt`` describes the
-    animation for readers who cannot see it (the frames' alt text).
+    animation for readers who cannot see it (the frames' alt text). ``figsize`` defaults to
+    the full text column (``style.figsize(DEFAULT_ASPECT)``); frames are drawn at the book
+    style's resolution (``style.DPI``), like every other figure.
     """
     if not isinstance(alt, str) or not alt.strip():
         raise ValueError(f"alt must be a non-empty description of the animation, got {alt!r}")
@@ -31,7 +38,7 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
     if not values:
         raise ValueError(f"values must be a non-empty sequence for {param!r}, got {values!r}")
     fixed = dict(fixed or {})
-    fig = plt.figure(figsize=figsize, dpi=dpi)
+    fig = plt.figure(figsize=figsize or style.figsize(DEFAULT_ASPECT), dpi=style.DPI)
 
     def frame(i: int) -> list:
         fig.clear()
@@ -91,14 +98,15 @@ class LiveSliders(widgets.VBox):
 
 
 
-def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),
+def live_slider(draw: Draw, *, figsize: tuple[float, float] | None = None,
                 **sliders: tuple[float, float, float, float]) -> LiveSliders:
     """ipywidgets sliders that redraw ``draw(fig, **values)`` whenever one moves.
 
     Each keyword is ``name=(min, max, step, initial)``; integer bounds give an IntSlider.
     Returns the widget (display it as a cell's last expression). The figure is shown as a PNG
     image, whatever matplotlib backend the kernel uses (without the inline backend a Figure
-    displays as the text "<Figure size ...>").
+    displays as the text "<Figure size ...>"), at the book style's resolution; ``figsize``
+    defaults to the full text column, as ``scrubber``'s.
     """
     controls = {}
     for name, spec in sliders.items():
@@ -113,10 +121,10 @@ def live_slider(draw: Draw, *, figsize: tuple[float, float] = (6.0, 4.0),
     def redraw(change: object = None) -> None:
         with output:
             output.clear_output(wait=True)
-            fig = Figure(figsize=figsize)
+            fig = Figure(figsize=figsize or style.figsize(DEFAULT_ASPECT), dpi=style.DPI)
             draw(fig, **{name: c.value for name, c in controls.items()})
             png = io.BytesIO()
-            fig.savefig(png, format="png", bbox_inches="tight")
+            fig.savefig(png, format="png", bbox_inches="tight", dpi=style.DPI)
             display(Image(data=png.getvalue(), format="png"))
 
     for control in controls.values():

@@ -5,12 +5,57 @@ the text column and its fonts keep the same size relative to the body text::
 
     fig = plt.figure(figsize=figsize(0.45))            # landscape: full column
     fig = plt.figure(figsize=figsize(1.0, width=0.6))  # square: 60% of the column
+
+Importing ``ropelib.viz`` (any of its modules) applies ``RC`` to matplotlib's ``rcParams``:
+the resolution (``DPI``) and the font sizes are set here, once, for every figure, every
+frame of a ``scrubber`` and every ``live_slider``.
+
+The numbers come from the built book in Chromium at 1400 x 1000 px (the desktop width of
+``tests/test_book_figures.py``): the text column is 784 px wide and the body text 16 px.
+A full-column figure is ``COLUMN_WIDTH_IN * DPI`` = 840 px, a little wider than the column,
+so the page scales it down to exactly the column (what ``bbox_inches="tight"`` trims from its
+margins still leaves it at the column's width), and JupyterLab shows it at 840 px. At that
+width one point of a full-column figure is 784 / (7 * 72) = 1.56 px, so the smallest text
+the style draws (``SMALLEST_FONT_PT``, matplotlib's ``"small"``) is 14.3 px, 0.89 of the body
+text; tick labels and legends are that size, axis labels and titles ``FONT_PT`` (17 px).
 """
 
 from __future__ import annotations
 
+import matplotlib as mpl
+from matplotlib.font_manager import font_scalings
+
 COLUMN_WIDTH_IN = 7.0
 """Width of a full-column figure in inches (the fonts below are sized for it)."""
+
+DPI = 120
+"""Pixels per inch of every figure (inline PNGs, animation frames, live sliders)."""
+
+FONT_PT = 11.0
+"""matplotlib's ``font.size``: axis labels, titles and text drawn without a size."""
+
+SMALLEST_FONT_PT = FONT_PT * font_scalings["small"]
+"""The smallest text a figure of the book draws: tick labels, legends, annotations
+(matplotlib's ``"small"``; ``"x-small"`` and smaller sizes are not used)."""
+
+RC = {
+    "figure.dpi": DPI,
+    "savefig.dpi": "figure",
+    "font.size": FONT_PT,
+    "axes.titlesize": "medium",
+    "axes.labelsize": "medium",
+    "figure.titlesize": "medium",
+    "xtick.labelsize": "small",
+    "ytick.labelsize": "small",
+    "legend.fontsize": "small",
+    "legend.title_fontsize": "small",
+}
+"""The style's ``rcParams``, applied by ``use_book_style``."""
+
+
+def use_book_style() -> None:
+    """Apply ``RC`` to matplotlib's ``rcParams`` (``import ropelib.viz`` does)."""
+    mpl.rcParams.update(RC)
 
 
 def figsize(aspect: float, *, width: float = 1.0) -> tuple[float, float]:
