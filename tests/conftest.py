@@ -1,6 +1,12 @@
-"""Shared fixtures: the device and backend parametrizations, seeding and the hypothesis profile."""
+"""Shared fixtures: the device and backend parametrizations, seeding, the hypothesis profile,
+and the built book with a headless Chromium for the browser tests."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,3 +46,31 @@ def backend(request):
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def html_dir(tmp_path_factory) -> Path:
+    """The book's HTML: $BOOK_HTML when set (``make test`` builds the book first, exactly as
+    ``make book`` does), otherwise built once into a temporary folder."""
+    if os.environ.get("BOOK_HTML"):
+        return Path(os.environ["BOOK_HTML"]).resolve()
+    out = tmp_path_factory.mktemp("book")
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(root),
+                    "--path-output", str(out), "-W", "-n", "--keep-going"], check=True,
+                   timeout=1800)
+    return out / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless Chromium (Debian's, driven by Playwright) with a fresh profile, for one test
+    module (Playwright's sync API runs one instance at a time: tests/test_lab_browser.py
+    starts its own)."""
+    from chromium import launch
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = launch(p, str(tmp_path_factory.mktemp("chromium-profile")))
+        yield context
+        context.close()

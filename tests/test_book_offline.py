@@ -12,16 +12,11 @@ build reads without sideways scrolling and its figures shrink to the column.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from chromium import launch
-from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONE = {"width": 390, "height": 844}
@@ -34,25 +29,6 @@ def toc_pages() -> list[str]:
     for part in toc.get("parts", []):
         files += [chapter["file"] for chapter in part["chapters"]]
     return [f"{name}.html" for name in files]
-
-
-@pytest.fixture(scope="module")
-def html_dir(tmp_path_factory) -> Path:
-    if os.environ.get("BOOK_HTML"):
-        return Path(os.environ["BOOK_HTML"]).resolve()
-    out = tmp_path_factory.mktemp("book")
-    subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
-                    "--path-output", str(out), "-W", "-n", "--keep-going"], check=True,
-                   timeout=1800)
-    return out / "_build" / "html"
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    with sync_playwright() as p:
-        context = launch(p, str(tmp_path_factory.mktemp("chromium-profile")))
-        yield context
-        context.close()
 
 
 def test_every_toc_page_was_built(html_dir):

@@ -1,0 +1,124 @@
+"""Every chapter figure is read at the width of the text column, with readable text.
+
+At a desktop window (1400 x 1000 px) in headless Chromium, for each figure of each chapter
+(myst-nb's figure images and the frames of the jshtml scrubbers) in the HTML of $BOOK_HTML
+(or a fresh build, see tests/conftest.py):
+
+- its shown width against the text column's: landscape figures (wider than 1.25 times their
+  height) and scrubbers at least ``LANDSCAPE``, the others at least ``SQUARE``;
+- its smallest text as shown: ``ropelib.viz.style.SMALLEST_FONT_PT`` points are
+  ``pt * dpi / 72`` pixels of the PNG (the dpi read from the PNG itself), scaled by the
+  page as the image is (shown width / PNG width), at least ``FONT_SHARE`` of the body text.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+from PIL import Image
+from test_book_offline import offline_tab, toc_pages
+
+from ropelib.viz import style
+
+WINDOW = {"width": 1400, "height": 1000}
+LANDSCAPE, SQUARE, FONT_SHARE = 0.85, 0.6, 0.8
+LANDSCAPE_ASPECT = 1.25  # width / height above which a figure is landscape
+CHAPTERS = [page for page in toc_pages() if Path(page).name[:2].isdigit()]
+
+# The text column (the article's content box), the body text's size, and every figure image
+# of the article with its shown and natural sizes, once each image has loaded.
+MEASURE = """async () => {
+  const article = document.querySelector('main article');
+  const box = getComputedStyle(article);
+  const column = article.clientWidth - parseFloat(box.paddingLeft)
+                 - parseFloat(box.paddingRight);
+  const paragraph = article.querySelector('section > p');
+  const images = [...article.querySelectorAll('figure img, div.animation img')];
+  await Promise.all(images.map(img => img.decode().catch(() => null)));
+  return {column, body: parseFloat(getComputedStyle(paragraph).fontSize),
+          paragraph: paragraph.getBoundingClientRect().width,
+          figures: images.map(img => ({
+            src: img.src, shown: img.getBoundingClientRect().width,
+            natural: img.naturalWidth, height: img.naturalHeight,
+            scrubber: !!img.closest('div.animation'),
+            name: (img.closest('figure') || {}).id || img.alt.slice(0, 50)}))};
+}"""
+
+
+def png_dpi(src: str) -> float:
+    """The resolution a PNG was drawn at, from its own pHYs chunk (a file or a data URL)."""
+    if src.startswith("data:"):
+        data = base64.b64decode(src.split(",", 1)[1])
+    else:
+        data = Path(unquote(urlparse(src).path)).read_bytes()
+    dpi = Image.open(io.BytesIO(data)).info.get("dpi")
+    assert dpi, f"{src[-40:]}: the PNG does not record its resolution"
+    return float(dpi[0])
+
+
+def figure_problems(page: dict) -> list[str]:
+    """What is too narrow or too small in a measured page, one line per figure."""
+    problems = []
+    for fig in page["figures"]:
+        share = fig["shown"] / page["column"]
+        landscape = fig["scrubber"] or fig["natural"] > LANDSCAPE_ASPECT * fig["height"]
+        need = LANDSCAPE if landscape else SQUARE
+        font_px = (style.SMALLEST_FONT_PT * png_dpi(fig["src"]) / 72
+                   * fig["shown"] / fig["natural"])
+        if share < need or font_px < FONT_SHARE * page["body"]:
+            problems.append(
+                f"{fig['name']}: {fig['shown']:.0f} px = {share:.2f} of the column "
+                f"(needs {need}), smallest text {font_px:.1f} px = "
+                f"{font_px / page['body']:.2f} of the body text (needs {FONT_SHARE}); "
+                f"PNG {fig['natural']} x {fig['height']} px")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def measured(browser, html_dir) -> dict:
+    pages = {}
+    for page in CHAPTERS:
+        tab = offline_tab(browser, (html_dir / page).as_uri(), WINDOW)
+        # the scrubbers show their first frame from a script that runs after the page loads
+        tab.wait_for_function("[...document.querySelectorAll('div.animation img')]"
+                              ".every(img => img.complete && img.naturalWidth > 0)")
+        pages[page] = tab.evaluate(MEASURE)
+        tab.close()
+    return pages
+
+
+def test_the_column_is_the_prose_width(measured):
+    """The measured column is where the prose runs (the reference of every share below)."""
+    for page, found in measured.items():
+        assert abs(found["paragraph"] - found["column"]) < 1, (page, found["column"],
+                                                               found["paragraph"])
+        assert found["column"] > 600 and found["body"] >= 14, (page, found)
+
+
+def test_chapters_have_figures_and_scrubbers(measured):
+    figures = [fig for page in measured.values() for fig in page["figures"]]
+    assert sum(not fig["scrubber"] for fig in figures) >= 30
+    assert sum(fig["scrubber"] for fig in figures) >= 3
+    assert all(fig["natural"] > 0 for fig in figures), "an image did not load"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_figures_span_the_column_with_readable_text(measured, page):
+    problems = figure_problems(measured[page])
+    assert not problems, f"{page}: " + "; ".join(problems)
+
+
+def test_the_check_finds_a_narrow_figure_and_small_text(tmp_path):
+    """A figure drawn at 72 dpi and shown at half the column fails both checks."""
+    png = tmp_path / "small.png"
+    Image.new("RGB", (400, 300)).save(png, dpi=(72, 72))
+    page = {"column": 800.0, "body": 16.0, "figures": [
+        {"src": png.as_uri(), "shown": 400.0, "natural": 400, "height": 300,
+         "scrubber": False, "name": "fig-small"}]}
+    (problem,) = figure_problems(page)
+    assert "fig-small: 400 px = 0.50 of the column (needs 0.85)" in problem
+    assert f"smallest text {style.SMALLEST_FONT_PT:.1f} px" in problem
