@@ -10,14 +10,15 @@ Importing ``ropelib.viz`` (any of its modules) applies ``RC`` to matplotlib's ``
 the resolution (``DPI``) and the font sizes are set here, once, for every figure, every
 frame of a ``scrubber`` and every ``live_slider``.
 
-The numbers come from the built book in Chromium at 1400 x 1000 px (the desktop width of
+The numbers come from the built book in Chromium at 1400 x 1000 px (the window of
 ``tests/test_book_figures.py``): the text column is 784 px wide and the body text 16 px.
 A full-column figure is ``COLUMN_WIDTH_IN * DPI`` = 840 px, a little wider than the column,
-so the page scales it down to exactly the column (what ``bbox_inches="tight"`` trims from its
-margins still leaves it at the column's width), and JupyterLab shows it at 840 px. At that
-width one point of a full-column figure is 784 / (7 * 72) = 1.56 px, so the smallest text
-the style draws (``SMALLEST_FONT_PT``, matplotlib's ``"small"``) is 14.3 px, 0.89 of the body
-text; tick labels and legends are that size, axis labels and titles ``FONT_PT`` (17 px).
+so the page scales it down to the column (768 px inside a captioned figure's margins, the
+full 784 px for a scrubber) even after ``bbox_inches="tight"`` trims its margins; JupyterLab
+shows it at 840 px. At that width one point of a figure is about 784 / (7 * 72) = 1.56 px,
+so the smallest text the style draws (``SMALLEST_FONT_PT``, matplotlib's ``"small"``:
+tick labels, legends, annotations) measured 13.7 to 15.3 px in chapters 1-4, 0.86 to 0.96
+of the body text; axis labels and titles are ``FONT_PT``.
 """
 
 from __future__ import annotations
