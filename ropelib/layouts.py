@@ -7,10 +7,14 @@ m * theta_i, so they are the same operation up to the channel permutation
 
 Applied to the output rows of the q and k projections (per head) it converts a model's
 weights exactly: that is how Meta's Llama checkpoints (interleaved) become Hugging Face's
-(half). Channels past ``rotary_dim`` are not rotated and keep their place.
+(half). A projection with a bias (Qwen's q and k) needs the same reordering of its bias,
+since ``P (W x + b) = (P W) x + P b``. Channels past ``rotary_dim`` are not rotated and keep
+their place.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
@@ -113,5 +117,54 @@ def convert_meta_attention_state_dict(state_dict: dict, num_heads: int,
     return out
 
 
-__all__ = ["LAYOUTS", "convert_activations", "convert_meta_attention_state_dict",
-           "convert_qk_weight", "half_from_interleaved_index", "interleaved_from_half_index"]
+QK_ENTRIES = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
+"""State-dict entries that ``convert_attention_state_dict`` reorders (by their key's ending)."""
+
+
+def convert_attention_state_dict(state_dict: Mapping[str, torch.Tensor], num_heads: int,
+                                 num_kv_heads: int | None = None, *, src: str, dst: str,
+                                 rotary_dim: int | None = None) -> dict[str, torch.Tensor]:
+    """Convert the q and k projections of an attention state dict from layout ``src`` to ``dst``.
+
+    Every entry whose key is or ends in ``q_proj.weight``, ``q_proj.bias`` (per query head),
+    ``k_proj.weight`` or ``k_proj.bias`` (per key/value head) is reordered with
+    ``convert_qk_weight``: biases too, which a conversion of the weights alone would leave in
+    the old order (Qwen's q and k projections have biases). Every other entry (values, output
+    projection, norms, other layers' modules) is passed through as the same tensor. The keys
+    may carry a prefix, so one call converts a single layer (Hugging Face's
+    ``LlamaAttention`` or ``Qwen2Attention``, ropelib's ``StandardAttentionWithRoPE``) or a
+    whole model whose layers share the head counts.
+
+    Args:
+        state_dict: ``{name: tensor}``, q/k weights ``(heads * head_dim, in_features)`` and
+            biases ``(heads * head_dim,)``.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (GQA/MQA); default ``num_heads``.
+        src, dst: ``"interleaved"`` or ``"half"``.
+        rotary_dim: rotated channels per head, default head_dim.
+
+    Returns:
+        A new dict with the same keys.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors, got "
+                        f"{type(state_dict).__name__}")
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    out, converted = {}, 0
+    for name, tensor in state_dict.items():
+        entry = next((e for e in QK_ENTRIES if name == e or name.endswith("." + e)), None)
+        if entry is None:
+            out[name] = tensor
+            continue
+        heads = num_heads if entry.startswith("q") else num_kv_heads
+        out[name] = convert_qk_weight(tensor, heads, src=src, dst=dst, rotary_dim=rotary_dim)
+        converted += 1
+    if not converted:
+        raise ValueError(f"state_dict has no entry ending in one of {QK_ENTRIES}; keys seen: "
+                         f"{sorted(state_dict)[:8]}{' ...' if len(state_dict) > 8 else ''}")
+    return out
+
+
+__all__ = ["LAYOUTS", "QK_ENTRIES", "convert_activations", "convert_attention_state_dict",
+           "convert_meta_attention_state_dict", "convert_qk_weight",
+           "half_from_interleaved_index", "interleaved_from_half_index"]

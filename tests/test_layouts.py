@@ -6,6 +6,7 @@ import pytest
 import torch
 from reference import (
     angles,
+    attention_module_reference,
     half_from_interleaved_perm,
     hf_llama_attention,
     hf_permute,
@@ -21,6 +22,7 @@ from ropelib import (
     convert_qk_weight,
     generate_rope_embeddings,
 )
+from ropelib.layouts import convert_attention_state_dict
 
 F64 = torch.float64
 
@@ -128,3 +130,87 @@ def test_meta_state_dict_loads_into_both_layouts(num_kv_heads, device):
     assert torch.equal(hf_sd["v_proj.weight"], sd["wv"]) and torch.equal(hf_sd["o_proj.weight"], sd["wo"])
     hf_out = hf_llama_attention(x, hf_sd, num_heads, num_kv_heads, table, causal=True)
     torch.testing.assert_close(hf_out, expected, rtol=1e-10, atol=1e-10)
+
+
+def _block_permutation(heads: int, head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+    """diag(P, ..., P): the explicit matrix that lists each head's channels in the half order."""
+    P = torch.zeros(head_dim, head_dim, dtype=F64)
+    P[range(head_dim), half_from_interleaved_perm(head_dim, rotary_dim)] = 1.0
+    return torch.block_diag(*[P] * heads)
+
+
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_attention_state_dict_reorders_weights_and_biases_per_head(rotary_dim):
+    """q per query head, k per KV head, biases with their rows; every other entry untouched."""
+    heads, kv_heads, head_dim, dim = 4, 2, 8, 20
+    prefix = "model.layers.3.self_attn."
+    sd = {prefix + "q_proj.weight": torch.randn(heads * head_dim, dim, dtype=F64),
+          prefix + "q_proj.bias": torch.randn(heads * head_dim, dtype=F64),
+          prefix + "k_proj.weight": torch.randn(kv_heads * head_dim, dim, dtype=F64),
+          prefix + "k_proj.bias": torch.randn(kv_heads * head_dim, dtype=F64),
+          prefix + "v_proj.weight": torch.randn(kv_heads * head_dim, dim, dtype=F64),
+          prefix + "v_proj.bias": torch.randn(kv_heads * head_dim, dtype=F64),
+          prefix + "o_proj.weight": torch.randn(dim, heads * head_dim, dtype=F64),
+          "model.norm.weight": torch.randn(dim, dtype=F64)}
+    half = convert_attention_state_dict(sd, heads, kv_heads, src="interleaved", dst="half",
+                                        rotary_dim=rotary_dim)
+    assert list(half) == list(sd)
+    for name, n in (("q_proj", heads), ("k_proj", kv_heads)):
+        P = _block_permutation(n, head_dim, rotary_dim)
+        assert torch.equal(half[prefix + name + ".weight"], P @ sd[prefix + name + ".weight"])
+        assert torch.equal(half[prefix + name + ".bias"], P @ sd[prefix + name + ".bias"])
+    for name in ("v_proj.weight", "v_proj.bias", "o_proj.weight"):
+        assert half[prefix + name] is sd[prefix + name]
+    assert half["model.norm.weight"] is sd["model.norm.weight"]
+    back = convert_attention_state_dict(half, heads, kv_heads, src="half", dst="interleaved",
+                                        rotary_dim=rotary_dim)
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_converted_biased_attention_computes_the_same_in_the_other_layout():
+    """A layer with q/k/v biases (Qwen-style), half layout -> interleaved: same output, each
+    equal to the float64 reference of its own layout; converting the weights alone is wrong."""
+    dim, heads, kv_heads, n = 32, 4, 2, 9
+    half = StandardAttentionWithRoPE(dim, heads, num_kv_heads=kv_heads, layout="half",
+                                     dtype=F64).eval()
+    with torch.no_grad():
+        for proj in (half.q_proj, half.k_proj):
+            proj.bias.normal_()                     # biases large enough to matter
+    x = torch.randn(2, n, dim, dtype=F64)
+    tables = generate_rope_embeddings(n, dim // heads, dtype=F64)
+    table = angles(torch.arange(n), thetas(dim // heads))
+
+    interleaved = StandardAttentionWithRoPE(dim, heads, num_kv_heads=kv_heads,
+                                            layout="interleaved", dtype=F64).eval()
+    interleaved.load_state_dict(convert_attention_state_dict(
+        half.state_dict(), heads, kv_heads, src="half", dst="interleaved"))
+    with torch.no_grad():
+        out_half = half(x, x, x, tables, is_causal=True)
+        out_int = interleaved(x, x, x, tables, is_causal=True)
+    for module, out in ((half, out_half), (interleaved, out_int)):
+        expected, _ = attention_module_reference(module, x, x, x, table, table, causal=True)
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out_int, out_half, rtol=1e-10, atol=1e-10)
+
+    weights_only = dict(half.state_dict())
+    for name, n_heads in (("q_proj.weight", heads), ("k_proj.weight", kv_heads)):
+        weights_only[name] = convert_qk_weight(weights_only[name], n_heads, src="half",
+                                               dst="interleaved")
+    interleaved.load_state_dict(weights_only)
+    with torch.no_grad():
+        wrong = interleaved(x, x, x, tables, is_causal=True)
+    assert (wrong - out_half).abs().max() > 1e-2
+
+
+def test_attention_state_dict_errors():
+    with pytest.raises(TypeError, match="state_dict must be a mapping"):
+        convert_attention_state_dict([torch.zeros(4, 4)], 1, src="half", dst="interleaved")
+    with pytest.raises(ValueError, match="no entry ending in"):
+        convert_attention_state_dict({"v_proj.weight": torch.zeros(4, 4)}, 1, src="half",
+                                     dst="interleaved")
+    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+        convert_attention_state_dict({"q_proj.weight": torch.zeros(8, 4)}, 3, src="half",
+                                     dst="interleaved")
+    with pytest.raises(ValueError, match="layout"):
+        convert_attention_state_dict({"q_proj.weight": torch.zeros(8, 4)}, 1, src="half",
+                                     dst="complex")
