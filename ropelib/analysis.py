@@ -75,7 +75,7 @@ def most_similar_distances(theta: object, max_distance: int) -> tuple[int, float
 
 
 def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -> np.ndarray:
-    """S_j = sum_{k < j} exp(i * distance * theta_k) for j = 0 .. d/2 (S_0 = 0).
+    """S_j = sum_{i < j} exp(1j * distance * theta_i) for j = 0 .. d/2 (S_0 = 0).
 
     The walk of d/2 unit steps in the complex plane whose lengths enter RoFormer's
     long-term-decay bound. Accepts an array of distances: the result has shape
@@ -92,7 +92,7 @@ def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -
 def decay_upper_bound(distance, head_dim: int, base: float = 10000.0) -> np.ndarray:
     """RoFormer's long-term-decay quantity (section 3.4.3).
 
-    With S_j = sum_{k < j} exp(i * distance * theta_k), the bound on the relative score is
+    With S_j = sum_{i < j} exp(1j * distance * theta_i), the bound on the relative score is
     proportional to (1 / (d/2)) * sum_{j=1}^{d/2} |S_j|. At distance 0 every term is 1, so the
     value is (d/2 + 1) / 2 (32.5 for d = 128).
 
