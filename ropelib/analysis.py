@@ -47,7 +47,7 @@ def cosine_sum(distance: object, theta: object) -> np.ndarray:
     It is the RoPE score of q = k = (1, 0, 1, 0, ...) at distance ``distance`` (one unit
     vector per pair), d/2 times the cosine similarity of the two distances' rotation angles
     (the unit phasors exp(i distance theta_i)), and, for theta = (1, 0.3, 0.05), the
-    three-frequency toy S(D) of the source notes.
+    three-frequency toy T(D) of chapter 6.
     """
     theta = _frequencies(theta)
     distance = np.asarray(distance, dtype=np.float64)
@@ -75,7 +75,7 @@ def most_similar_distances(theta: object, max_distance: int) -> tuple[int, float
 
 
 def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -> np.ndarray:
-    """S_j = sum_{k < j} exp(i * distance * theta_k) for j = 0 .. d/2 (S_0 = 0).
+    """S_j = sum_{i < j} exp(1j * distance * theta_i) for j = 0 .. d/2 (S_0 = 0).
 
     The walk of d/2 unit steps in the complex plane whose lengths enter RoFormer's
     long-term-decay bound. Accepts an array of distances: the result has shape
@@ -92,7 +92,7 @@ def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -
 def decay_upper_bound(distance, head_dim: int, base: float = 10000.0) -> np.ndarray:
     """RoFormer's long-term-decay quantity (section 3.4.3).
 
-    With S_j = sum_{k < j} exp(i * distance * theta_k), the bound on the relative score is
+    With S_j = sum_{i < j} exp(1j * distance * theta_i), the bound on the relative score is
     proportional to (1 / (d/2)) * sum_{j=1}^{d/2} |S_j|. At distance 0 every term is 1, so the
     value is (d/2 + 1) / 2 (32.5 for d = 128).
 
@@ -193,16 +193,83 @@ def feasible_bases(bases: object, context_length: int, head_dim: int = 128) -> n
     return np.array(flags, dtype=bool).reshape(bases.shape)
 
 
-def smallest_feasible_base(bases: object, context_length: int, head_dim: int = 128
-                           ) -> float | None:
-    """The smallest base of ``bases`` that satisfies :func:`base_is_feasible`, or None.
+def first_feasible_base(bases: object, context_length: int, head_dim: int = 128
+                        ) -> float | None:
+    """The smallest base of the list ``bases`` that satisfies :func:`base_is_feasible`, or None.
 
-    Every smaller base of the list fails the condition, so this is Men et al.'s lower bound
-    on the base, resolved to the list's spacing. The bases are scanned in increasing order:
-    the feasible set is not an interval (a feasible base can be followed by infeasible
-    ones), so bisection, which assumes it is, can return a wrong answer.
+    Every smaller base of the list fails the condition. This is a grid search (Men et al.
+    search the grid (i + j/10) 10^x this way): the feasible set is not an interval, so a
+    feasible base between two neighbours of the grid goes unseen; use
+    :func:`smallest_feasible_base` for the bound itself.
     """
     for base in np.sort(np.asarray(bases, dtype=np.float64).ravel()):
         if base_is_feasible(float(base), context_length, head_dim):
             return float(base)
     return None
+
+
+def smallest_feasible_base(context_length: int, head_dim: int = 128, *, start: float = 1000.0,
+                           rtol: float = 1e-9, max_steps: int = 100_000) -> tuple[float, float]:
+    """Men et al.'s lower bound on the base: the smallest base from ``start`` on with
+    B_m = sum_i cos(m theta_i) >= 0 at every distance m = 0 .. context_length - 1, found by a
+    scan that cannot step over a feasible base.
+
+    The feasible bases do not form an interval (a feasible base can be followed by failing
+    ones), so a bisection or a grid can miss the smallest. This scan moves up from ``start``
+    in steps that skip failing bases only. If B_m(b) = -eps < 0 at some m >= 1, then, since
+    every theta_i = b^(-2i/d) and 1/b shrink as the base grows, every b' >= b has
+
+        |dB_m/db'| = |sum_i sin(m theta_i) m (2i/d) theta_i / b'| <= m c(b),
+        c(b) = (1/b) sum_i (2i/d) theta_i(b),
+
+    so B_m stays negative on [b, b + eps / (m c(b))). The scan takes the longest such step
+    over the failing distances and stops on a base that passes. Near the bound the steps
+    shrink geometrically; once a step is below ``rtol * b``, the base b (1 + rtol) is tested.
+    Steps are computed from the most negative distances of the last full evaluation while
+    they still give a step of at least ``rtol * b``, then from all distances again.
+
+    Args:
+        context_length: L; distances 0 .. L - 1 must have B_m >= 0.
+        head_dim: d (even).
+        start: the scan's first base (> 0).
+        rtol: the relative width of the returned interval.
+        max_steps: the most steps before giving up.
+
+    Returns:
+        ``(low, high)``: every base in [start, low) fails (to float64 precision), ``high``
+        passes, and high is low or low (1 + rtol); low == high == start if ``start`` passes.
+
+    Raises:
+        RuntimeError: when ``max_steps`` steps reach no passing base.
+    """
+    context_length = _positive_int("context_length", context_length)
+    check_even_positive("head_dim", head_dim)
+    if not (isinstance(start, (int, float, np.floating)) and math.isfinite(start) and start > 0):
+        raise ValueError(f"start must be a positive, finite base, got {start!r}")
+    if not 0.0 < rtol < 1e-2:
+        raise ValueError(f"rtol must be in (0, 0.01), got {rtol!r}")
+    exponents = 2.0 * np.arange(head_dim // 2) / head_dim           # 2i/d
+    distances = np.arange(1, context_length, dtype=np.float64)      # B_0 = d/2 > 0
+    if distances.size == 0:
+        return float(start), float(start)
+    base, worst = float(start), distances[:0]
+    for _ in range(max_steps):
+        theta = base ** -exponents
+        slope = float((exponents * theta).sum()) / base               # c(b)
+        step = 0.0
+        if worst.size:
+            values = np.cos(worst[:, None] * theta).sum(axis=-1)
+            step = float(np.max(-values / worst)) / slope
+        if step < rtol * base:                                         # all distances again
+            values = np.cos(distances[:, None] * theta).sum(axis=-1)
+            if values.min() >= 0:
+                return base, base
+            worst = distances[np.argsort(values)[:256]]
+            step = float(np.max(-values / distances)) / slope
+            if step < rtol * base and base_is_feasible(base * (1 + rtol), context_length,
+                                                       head_dim):
+                return base, base * (1 + rtol)
+        base += step
+    raise RuntimeError(f"smallest_feasible_base: no passing base after {max_steps} steps "
+                       f"(reached {base!r}, context_length={context_length}, "
+                       f"head_dim={head_dim})")

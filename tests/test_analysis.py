@@ -54,6 +54,7 @@ from ropelib.analysis import (  # noqa: E402
     base_is_feasible,
     cosine_sum,
     feasible_bases,
+    first_feasible_base,
     first_negative_distance,
     most_similar_distances,
     peaked_query_key,
@@ -152,26 +153,68 @@ def test_first_negative_distance_by_plain_loops(base):
     assert base_is_feasible(base, 3000, 32) == (brute_first_negative(base, 3000, 32) is None)
 
 
-def test_smallest_feasible_base_scans_a_non_monotone_set():
+def test_first_feasible_base_scans_a_non_monotone_set():
     grid = np.logspace(2, 5, 61)
     flags = feasible_bases(grid, 400, 64)
     expected = [brute_first_negative(b, 400, 64) is None for b in grid]
     np.testing.assert_array_equal(flags, expected)
     assert np.any(np.diff(flags.astype(int)) < 0)          # feasible, then infeasible again
-    first = smallest_feasible_base(grid[::-1], 400, 64)   # order of the list does not matter
+    first = first_feasible_base(grid[::-1], 400, 64)      # order of the list does not matter
     assert first == grid[expected.index(True)]
-    assert smallest_feasible_base([10.0, 20.0], 400, 64) is None
+    assert first_feasible_base([10.0, 20.0], 400, 64) is None
     with pytest.raises(ValueError, match="context_length"):
         base_is_feasible(1e4, 0)
 
 
-@pytest.mark.parametrize(("context", "read_off"), [(1024, 4e3), (4096, 3e4)])
-def test_smallest_feasible_base_on_men_et_al_grid_matches_their_figure(context, read_off):
-    """Men et al. 2024 search the bases (i + j/10) 10^x in increasing order (d = 128); their
-    figure 1 shows about 4e3 for 1k tokens and 3e4 for 4k (read off a log-log plot, so only
-    to within 25%)."""
-    grid = [(10 * i + j) * 10.0 ** (x - 1) for x in range(3, 6)
+def men_et_al_grid(top_exponent=6):
+    """Men et al. 2024 search the bases (i + j/10) 10^x in increasing order (d = 128)."""
+    return [(10 * i + j) * 10.0 ** (x - 1) for x in range(3, top_exponent)
             for i in range(1, 10) for j in range(10)]
-    found = smallest_feasible_base(grid, context, 128)
-    assert abs(math.log(found / read_off)) < math.log(1.25)
-    assert all(not base_is_feasible(b, context, 128) for b in grid if b < found)
+
+
+@pytest.mark.parametrize(("context", "table"), [(1024, 4.3e3), (4000, 2.7e4)])
+def test_first_feasible_base_on_men_et_al_grid_matches_their_table(context, table):
+    """Their table gives 4.3e3 for "1k" and 2.7e4 for "4k" (two digits; quoted by Su, 2024)."""
+    found = first_feasible_base(men_et_al_grid(), context, 128)
+    assert found == table
+    assert all(not base_is_feasible(b, context, 128) for b in men_et_al_grid() if b < found)
+
+
+def test_smallest_feasible_base_misses_no_base_of_a_dense_scan():
+    low, high = smallest_feasible_base(400, 64, start=100.0)
+    assert base_is_feasible(high, 400, 64) and brute_first_negative(high, 400, 64) is None
+    assert high == pytest.approx(low * (1 + 1e-9), rel=1e-15)      # rtol = 1e-9
+    dense = np.arange(100.0, low, 0.5)                   # every half unit of base below
+    assert not feasible_bases(dense, 400, 64).any()
+
+
+def test_smallest_feasible_base_finds_the_island_a_grid_steps_over():
+    """At 2,048 tokens (d = 128) the smallest feasible bases form an island between 11,000
+    and 12,000, two neighbours of Men et al.'s grid, whose search returns 16,000."""
+    low, high = smallest_feasible_base(2048, 128)
+    assert 11000 < low < 12000
+    assert first_feasible_base(men_et_al_grid(), 2048, 128) == 16000
+    integer = math.ceil(high)
+    assert base_is_feasible(integer, 2048, 128)
+    assert brute_first_negative(integer, 2048, 128) is None
+    assert not any(base_is_feasible(b, 2048, 128) for b in range(integer - 50, integer))
+    assert not base_is_feasible(12000, 2048, 128)
+
+
+def test_smallest_feasible_base_start_and_errors():
+    low, high = smallest_feasible_base(1024, 128, start=5e5)          # 5e5 passes already
+    assert low == high == 5e5
+    assert smallest_feasible_base(1, 16) == (1000.0, 1000.0)
+    low, _ = smallest_feasible_base(1024, 128)
+    again, _ = smallest_feasible_base(1024, 128, start=low / 2)
+    assert again == pytest.approx(low, rel=1e-8)
+    with pytest.raises(ValueError, match="start"):
+        smallest_feasible_base(1024, start=0.0)
+    with pytest.raises(ValueError, match="rtol"):
+        smallest_feasible_base(1024, rtol=0.5)
+    with pytest.raises(ValueError, match="context_length"):
+        smallest_feasible_base(0)
+    with pytest.raises(ValueError, match="head_dim"):
+        smallest_feasible_base(1024, 7)
+    with pytest.raises(RuntimeError, match="no passing base"):
+        smallest_feasible_base(4096, 128, max_steps=3)
