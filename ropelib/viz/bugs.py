@@ -67,7 +67,7 @@ def draw_onsets(ax: Axes, curves: Mapping[str, tuple[Sequence[float], Sequence[f
     ax.axhline(threshold, color="0.4", linestyle="--", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"{ylabel} (below {floor:g} drawn at {floor:g})")
+    ax.set_ylabel(f"{ylabel}\n(values below {floor:g} drawn at {floor:g})")
     ax.legend(fontsize="small", loc="lower right")
     return onsets
 
