@@ -291,8 +291,9 @@ def draw_decoding_gap(ax: Axes, gaps: Mapping[str, Sequence[float]], *, train_le
         drawn[label] = np.maximum(gap, floor)
         ax.plot(np.arange(gap.size), drawn[label], ".-", markersize=3, label=label)
     ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--")
-    ax.annotate(f"trained context L0 = {train_length}", (train_length, floor),
-                textcoords="offset points", xytext=(4, 6), fontsize="small", color="0.35")
+    ax.annotate(f"trained context L0 = {train_length}", (train_length, 1),
+                xycoords=("data", "axes fraction"), textcoords="offset points",
+                xytext=(4, -4), va="top", fontsize="small", color="0.35")
     ax.set_yscale("log")
     ax.set_xlabel("decoding step t (position of the new token)")
     ax.set_ylabel("largest |logit difference|")
