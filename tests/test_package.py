@@ -25,6 +25,6 @@ def test_core_import_loads_no_book_support_or_plotting():
 
 def test_book_support_lives_in_its_own_subpackage():
     loaded = _modules_after("import ropelib.book.toy, ropelib.book.bench, ropelib.book.baselines, "
-                            "ropelib.book.timing")
+                            "ropelib.book.timing, ropelib.book.layer")
     assert {"ropelib.book.toy", "ropelib.book.bench", "ropelib.book.baselines",
-            "ropelib.book.timing"} <= loaded
+            "ropelib.book.timing", "ropelib.book.layer"} <= loaded

@@ -14,6 +14,7 @@ from ropelib.viz.extension import (
     accuracy_table_html,
     draw_accuracy_by_length,
     draw_accuracy_by_position,
+    draw_decoding_gap,
     draw_frequency_scaling,
     draw_training_losses,
     extension_frequencies,
@@ -132,3 +133,22 @@ def test_accuracy_by_position_averages_each_bin_and_skips_missing_targets():
     np.testing.assert_allclose(late["a"], [0.5, 1 / 3])
     with pytest.raises(ValueError, match="bin_size must be a positive int dividing seq=6"):
         draw_accuracy_by_position(ax, {"a": right}, train_length=2, bin_size=4)
+
+
+def test_decoding_gap_draws_each_curve_with_zeros_at_the_floor():
+    fig = agg_figure()
+    ax = fig.subplots()
+    drawn = draw_decoding_gap(ax, {"dynamic": [0.0, 0.0, 1e-5, 2e-4], "plain": [0.0] * 4},
+                              train_length=2, floor=1e-16)
+    np.testing.assert_array_equal(drawn["dynamic"], [1e-16, 1e-16, 1e-5, 2e-4])
+    np.testing.assert_array_equal(drawn["plain"], [1e-16] * 4)
+    assert [line.get_label() for line in ax.get_lines()[:2]] == ["dynamic", "plain"]
+    assert ax.get_yscale() == "log"
+    assert ax.get_lines()[2].get_xdata()[0] == 2      # the trained context
+    fig.canvas.draw()
+
+
+@pytest.mark.parametrize("gaps", [{}, {"a": [-1.0]}, {"a": [math.nan]}, {"a": []}])
+def test_decoding_gap_refuses_bad_curves(gaps):
+    with pytest.raises(ValueError, match="gaps"):
+        draw_decoding_gap(agg_figure().subplots(), gaps, train_length=2)

@@ -171,6 +171,12 @@ def test_speed_bars_draw_ratios_in_order_with_colours_and_labels():
     fig.canvas.draw()
 
 
+def test_speed_bars_label_format():
+    _, ax = agg_axes()
+    draw_speed_bars(ax, MEDIANS, baseline="peer", value_format=".1%")
+    assert [t.get_text() for t in ax.texts] == ["16.7%", "8.3%", "25.0%", "100.0%"]
+
+
 def test_speed_bars_other_baseline_fixed_xmax_and_no_annotations():
     _, ax = agg_axes()
     ratios = draw_speed_bars(ax, MEDIANS, baseline="clone", xmax=100.0, annotate=False)

@@ -5,6 +5,7 @@
 - ``ropelib.book.toy``: the look-back task and the small decoder of chapter 10.
 - ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``.
 - ``ropelib.book.timing``: a call timer and log-log fits.
+- ``ropelib.book.layer``: a Llama-style decoder layer whose parts chapter 11 times.
 
 ``import ropelib`` does not import this package; the core never imports it.
 """

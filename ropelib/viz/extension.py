@@ -6,7 +6,8 @@ method for one scale factor s; ``draw_frequency_scaling`` draws them as waveleng
 trained context (left) and as the ratio theta_i' / theta_i (right), in the ``draw(fig, **params)``
 form that ``live_slider`` and ``scrubber`` take. ``draw_accuracy_by_length``,
 ``draw_accuracy_by_position`` and ``draw_training_losses`` draw the experiment's results and
-``accuracy_table_html`` tabulates them.
+``accuracy_table_html`` tabulates them. ``draw_decoding_gap`` draws how far step-by-step
+decoding with a KV cache strays from a full forward pass.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from matplotlib.lines import Line2D
 from ..scaling import scaled_frequencies
 
 __all__ = ["METHOD_STYLES", "accuracy_table_html", "draw_accuracy_by_length",
-           "draw_accuracy_by_position", "draw_frequency_scaling", "draw_training_losses",
-           "extension_frequencies"]
+           "draw_accuracy_by_position", "draw_decoding_gap", "draw_frequency_scaling",
+           "draw_training_losses", "extension_frequencies"]
 
 # label -> (color, linestyle); the order is the legend's
 METHOD_STYLES = {
@@ -260,3 +261,42 @@ def accuracy_table_html(lengths: Sequence[int], accuracies: Mapping[str, Any], *
         rows.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
     return (f"<table><thead><tr><th>model (accuracy, %)</th>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def draw_decoding_gap(ax: Axes, gaps: Mapping[str, Sequence[float]], *, train_length: int,
+                      floor: float = 1e-17) -> dict[str, np.ndarray]:
+    """The gap between decoding step by step and a full forward pass, per step (log y).
+
+    Args:
+        ax: the Axes to draw on.
+        gaps: ``{label: one non-negative gap per decoding step}`` (step t decodes position t),
+            e.g. the largest absolute difference of the logits.
+        train_length: the trained context, drawn as a vertical line.
+        floor: gaps below it (an exact 0 among them) are drawn at ``floor``, the bottom of
+            the log axis.
+
+    Returns:
+        ``{label: the values drawn}``.
+    """
+    if not gaps:
+        raise ValueError("gaps must hold at least one curve, got an empty mapping")
+    if not floor > 0:
+        raise ValueError(f"floor must be > 0 (the bottom of a log axis), got {floor!r}")
+    drawn = {}
+    for label, values in gaps.items():
+        gap = np.asarray(values, dtype=float)
+        if gap.ndim != 1 or gap.size == 0 or not np.all(np.isfinite(gap)) or np.any(gap < 0):
+            raise ValueError(f"gaps[{label!r}] must be a non-empty 1-D sequence of finite "
+                             f"values >= 0, got {values!r}")
+        drawn[label] = np.maximum(gap, floor)
+        ax.plot(np.arange(gap.size), drawn[label], ".-", markersize=3, label=label)
+    ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--")
+    ax.annotate(f"trained context L0 = {train_length}", (train_length, 1),
+                xycoords=("data", "axes fraction"), textcoords="offset points",
+                xytext=(4, -4), va="top", fontsize="small", color="0.35")
+    ax.set_yscale("log")
+    ax.set_xlabel("decoding step t (position of the new token)")
+    ax.set_ylabel("largest |logit difference|")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", loc="center right")
+    return drawn

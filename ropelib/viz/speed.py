@@ -143,7 +143,7 @@ def _colour(label: str, baselines: Sequence[str], highlight: str) -> str:
 def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "copy_",
                     baselines: Sequence[str] = ("clone", "copy_"), highlight: str = "ropelib",
                     title: str | None = None, xmax: float | None = None,
-                    annotate: bool = True) -> dict[str, float]:
+                    annotate: bool = True, value_format: str = ".1f") -> dict[str, float]:
     """Horizontal bars of each formulation's time divided by the baseline's, on a log axis.
 
     Bars are drawn top to bottom in the order given; the baselines are grey, names starting
@@ -159,6 +159,7 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
         title: the Axes title.
         xmax: right end of the x axis (e.g. the same for every panel); default from the data.
         annotate: write each ratio at the end of its bar.
+        value_format: the format spec of those labels (``".1%"`` for shares of a whole).
 
     Returns:
         ``{formulation: time / baseline time}``, in the order given.
@@ -180,8 +181,13 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     ax.set_xlim(low, high)
     if annotate:
         for yi, value in zip(y, ratios.values(), strict=True):
+<<<<<<< HEAD
             ax.annotate(f"{value:.1f}", (value, yi), xytext=(3, 0), textcoords="offset points",
                         va="center", fontsize="small")
+=======
+            ax.annotate(format(value, value_format), (value, yi), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize="x-small")
+>>>>>>> ch1011
     ax.set_xlabel(f"time / time of {baseline}")
     ax.grid(True, axis="x", which="both", alpha=0.25)
     if title is not None:
