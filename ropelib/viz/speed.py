@@ -181,13 +181,8 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     ax.set_xlim(low, high)
     if annotate:
         for yi, value in zip(y, ratios.values(), strict=True):
-<<<<<<< HEAD
-            ax.annotate(f"{value:.1f}", (value, yi), xytext=(3, 0), textcoords="offset points",
-                        va="center", fontsize="small")
-=======
-            ax.annotate(format(value, value_format), (value, yi), xytext=(3, 0), textcoords="offset points",
-                        va="center", fontsize="x-small")
->>>>>>> ch1011
+            ax.annotate(format(value, value_format), (value, yi), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize="small")
     ax.set_xlabel(f"time / time of {baseline}")
     ax.grid(True, axis="x", which="both", alpha=0.25)
     if title is not None:
