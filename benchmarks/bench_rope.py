@@ -23,6 +23,7 @@ from ropelib.attention import StandardAttentionWithRoPE
 from ropelib.book import bench
 from ropelib.book.timing import fit_power_law
 from ropelib.linear_attention import linear_attention
+from ropelib.native import native_status
 
 SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
 DTYPES = (torch.float32, torch.bfloat16)
@@ -168,6 +169,8 @@ def main() -> None:
     shapes = SHAPES[1:] if args.quick else SHAPES
     lengths = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192, 16384)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    status = native_status()
+    print(f"ropelib on the CPU: {status.path} path ({status.reason})")
     for device in devices:
         rope_tables(device, shapes, repeats, compile_peers=not args.no_compile)
         attention_table(device, repeats)
