@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import (as_int, check_count, check_float_tensor, check_int_tensor, check_layout,
-                      tracing)
+from ._checks import as_int, check_count, check_float_tensor, check_int_tensor, check_layout, tracing
 from .masks import prepare_mask
 from .rotation import SHORT_TABLE_MODES, apply_rope
 from .tables import RotaryEmbedding
