@@ -337,7 +337,11 @@ class StandardAttentionWithRoPE(nn.Module):
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).
-            kv_cache: a ``KVCache`` to append to and attend over.
+            kv_cache: a ``KVCache`` to append to and attend over. Each step equals the full
+                causal forward over the tokens so far, also when the rope type's frequencies
+                change with the length (dynamic NTK): then the keys are cached unrotated and
+                all of them are rotated at every call, one extra pass over the cached keys
+                (see ``KVCache``).
 
         Returns:
             ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
