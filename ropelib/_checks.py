@@ -86,7 +86,7 @@ def check_int_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def check_base(base: float) -> None:
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
+    if isinstance(base, (bool, np.bool_)) or not isinstance(base, (int, float, np.integer)):
         raise TypeError(f"base must be a number, got {type(base).__name__}")
     if not base > 1.0 or base == float("inf"):
         raise ValueError(f"base must be a finite number > 1 (theta_i = base^(-2i/d)), got {base}")

@@ -82,6 +82,8 @@ def generate_rope_embeddings(
             raise ValueError(f"positions must be a tensor of shape (seq_len,) = ({seq_len},), "
                              f"got {seen}")
         positions = positions.detach().cpu()
+        if not positions.is_floating_point():  # int64: min/max exist for every integer dtype
+            positions = check_int_tensor("positions", positions)
         # the length dynamic scaling sees: positions up to the largest one (none if all < 0)
         current_len = max(int(positions.max().item()) + 1, 0) if seq_len else 0
     inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len)
@@ -111,6 +113,9 @@ class RotaryEmbedding(nn.Module):
         scaling: optional context-extension config.
         max_position_embeddings: initial cache length.
         device: device of the buffers.
+
+    ``dynamic`` says whether the frequencies depend on the length
+    (``ropelib.scaling.depends_on_length(scaling)``).
 
     Buffers (not saved in state dicts): ``inv_freq`` ``(dim // 2,)`` float32, ``cos_cached``
     and ``sin_cached`` ``(cached_len, dim // 2)`` float32 (float64 after ``double()``), the

@@ -230,6 +230,8 @@ def test_row08_positions_of_every_integer_dtype(dtype):
     ref = angles(values, thetas(8))
     torch.testing.assert_close(cos.to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(sin.to(F64), ref.sin(), rtol=1e-6, atol=1e-6)
+    direct = generate_rope_embeddings(8, 8, positions=positions)
+    torch.testing.assert_close(direct[0].to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
     table_cos, table_sin = generate_rope_embeddings(8, 8)
     x = torch.randn(2, 8, 8)
     torch.testing.assert_close(apply_rope(x, table_cos, table_sin, positions=positions).to(F64),
@@ -271,8 +273,8 @@ def test_row09_numpy_integers_are_ints():
                                atol=0)
     for cos, ref in ((generate_rope_embeddings(np.int64(5), np.int32(8))[0],
                       generate_rope_embeddings(5, 8)[0]),
-                     (RotaryEmbedding(np.int64(8)).tables(np.int64(5))[0][:5],
-                      RotaryEmbedding(8).tables(5)[0][:5])):
+                     (RotaryEmbedding(np.int64(8), np.int64(500)).tables(np.int64(5))[0][:5],
+                      RotaryEmbedding(8, 500).tables(5)[0][:5])):
         torch.testing.assert_close(cos, ref, rtol=0, atol=0)
     cache = KVCache(np.int64(4))
     cache.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))

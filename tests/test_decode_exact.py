@@ -130,3 +130,18 @@ def test_a_cache_of_rotated_keys_is_refused_by_a_length_dependent_module():
         with pytest.raises(ValueError, match="this cache holds keys without their positions"):
             dynamic(x, x, x, kv_cache=cache)
     assert cache.length == 3
+
+
+def test_cache_positions_errors_name_the_argument():
+    cache = KVCache()
+    key = torch.zeros(2, 1, 3, 4)
+    with pytest.raises(ValueError, match=r"positions must have shape \(new,\) = \(3,\) or "
+                                         r"\(batch, new\) = \(2, 3\), got \(2, 2\)"):
+        cache.update(key, key, positions=torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="positions must hold integer positions"):
+        cache.update(key, key, positions=torch.zeros(3))
+    cache.update(key, key, positions=torch.arange(3))
+    with pytest.raises(ValueError, match="this cache holds keys with their positions"):
+        cache.update(key[..., :1, :], key[..., :1, :])
+    assert cache.length == 3
+    torch.testing.assert_close(cache.positions, torch.arange(3).expand(2, 3))
