@@ -19,10 +19,12 @@ import sys
 
 import torch
 
-from ropelib.attention import StandardAttentionWithRoPE
+from ropelib.attention import KVCache, StandardAttentionWithRoPE
 from ropelib.book import bench
 from ropelib.book.timing import fit_power_law
 from ropelib.linear_attention import linear_attention
+from ropelib.native import native_status
+from ropelib.rotation import apply_rope
 
 SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
 DTYPES = (torch.float32, torch.bfloat16)
@@ -132,6 +134,44 @@ def attention_table(device: torch.device, repeats: int) -> None:
     print(f"  module / (projections + SDPA) = {ratio:.2f}")
 
 
+def decode_table(device: torch.device, repeats: int, cached: int = 4096) -> None:
+    """One decode step (one new token attending over ``cached`` ones, KV cache) with plain
+    RoPE and with dynamic NTK past its switch (trained length cached / 2). Dynamic NTK's
+    frequencies change at every such step, so its keys are cached unrotated and all of them
+    are rotated at every step (see ``KVCache``): the row "rotate cached keys" is that cost
+    alone, next to a clone of the cached keys (the "/ clone" column)."""
+    batch, heads, kv_heads, dim = 1, 16, 4, 128
+    dynamic = {"rope_type": "dynamic", "factor": 2.0,
+               "original_max_position_embeddings": cached // 2}
+    modules = {name: StandardAttentionWithRoPE(heads * dim, heads, num_kv_heads=kv_heads,
+                                               bias=False, scaling=scaling
+                                               ).to(device).eval()
+               for name, scaling in (("plain", None), ("dynamic", dynamic))}
+    x = torch.randn(batch, cached, heads * dim, device=device)
+    token = torch.randn(batch, 1, heads * dim, device=device)
+    caches = {name: KVCache(capacity=2 * cached) for name in modules}
+    with torch.no_grad():
+        for name, module in modules.items():
+            module(x, x, x, is_causal=True, kv_cache=caches[name])
+        keys, positions = caches["dynamic"].key, caches["dynamic"].positions
+        cos, sin = modules["dynamic"].rotary.tables(2 * cached, device)
+        medians = bench.time_round_robin({
+            "clone": keys.clone,
+            "rotate cached keys": lambda: apply_rope(keys, cos, sin, layout="interleaved",
+                                                     positions=positions),
+            "decode step, plain RoPE": lambda: modules["plain"](
+                token, token, token, kv_cache=caches["plain"]),
+            "decode step, dynamic NTK": lambda: modules["dynamic"](
+                token, token, token, kv_cache=caches["dynamic"]),
+        }, device, repeats=repeats)
+    print_table(f"decode step past the frequency switch, B={batch} H={heads} H_kv={kv_heads} "
+                f"d={dim}, {cached}+ cached tokens, {device} (clone: the cached keys)",
+                medians, bench.bytes_moved(keys))
+    ratio = medians["decode step, dynamic NTK"] / medians["decode step, plain RoPE"]
+    print(f"  decode step dynamic NTK / plain RoPE = {ratio:.2f} (cache lengths grow by one "
+          f"per call: {caches['plain'].length} and {caches['dynamic'].length} at the end)")
+
+
 def linear_attention_scaling(device: torch.device, repeats: int, lengths) -> None:
     batch, heads, dim = 2, 8, 64
     for causal in (False, True):
@@ -168,9 +208,12 @@ def main() -> None:
     shapes = SHAPES[1:] if args.quick else SHAPES
     lengths = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192, 16384)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    status = native_status()
+    print(f"ropelib on the CPU: {status.path} path ({status.reason})")
     for device in devices:
         rope_tables(device, shapes, repeats, compile_peers=not args.no_compile)
         attention_table(device, repeats)
+        decode_table(device, repeats)
         linear_attention_scaling(device, max(3, repeats // 3), lengths)
 
 

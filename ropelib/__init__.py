@@ -11,6 +11,12 @@ from .attention import KVCache, StandardAttentionWithRoPE
 from .layouts import convert_activations, convert_meta_attention_state_dict, convert_qk_weight
 from .linear_attention import linear_attention
 from .masks import causal_mask
+from .native import native_status
+from .positions import (
+    positions_after_cache,
+    positions_from_cu_seqlens,
+    positions_from_padding_mask,
+)
 from .rotation import apply_rope
 from .scaling import scaled_frequencies
 from .tables import RotaryEmbedding, generate_rope_embeddings, rope_frequencies
@@ -28,6 +34,10 @@ __all__ = [
     "convert_qk_weight",
     "generate_rope_embeddings",
     "linear_attention",
+    "native_status",
+    "positions_after_cache",
+    "positions_from_cu_seqlens",
+    "positions_from_padding_mask",
     "rope_frequencies",
     "scaled_frequencies",
 ]

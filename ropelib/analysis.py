@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ._checks import check_even_positive
+from ._checks import check_count, check_even_positive
 from .scaling import default_frequencies
 
 
@@ -28,12 +28,6 @@ def _frequencies(theta: object) -> np.ndarray:
     if not np.all(np.isfinite(theta)):
         raise ValueError(f"theta must be finite, got {theta.tolist()}")
     return theta
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def wavelengths(head_dim: int, base: float = 10000.0) -> np.ndarray:
@@ -67,7 +61,7 @@ def most_similar_distances(theta: object, max_distance: int) -> tuple[int, float
         them indistinguishable); the smallest such gap when several tie.
     """
     theta = _frequencies(theta)
-    max_distance = _positive_int("max_distance", max_distance)
+    max_distance = check_count("max_distance", max_distance)
     gaps = np.arange(1, max_distance + 1)
     similarity = cosine_sum(gaps, theta) / theta.size
     best = int(np.argmax(similarity))
@@ -81,7 +75,7 @@ def phasor_partial_sums(distance: float, head_dim: int, base: float = 10000.0) -
     long-term-decay bound. Accepts an array of distances: the result has shape
     ``distance.shape + (d/2 + 1,)``, complex128.
     """
-    check_even_positive("head_dim", head_dim)
+    head_dim = check_even_positive("head_dim", head_dim)
     theta = rope_thetas(head_dim, base)
     distance = np.asarray(distance, dtype=np.float64)
     steps = np.exp(1j * distance[..., None] * theta)
@@ -167,7 +161,7 @@ def first_negative_distance(base: float, max_distance: int, head_dim: int = 128)
     similar to the query gets than a random key at distance m. Distances are checked in
     blocks of doubling length, so an early failure is found cheaply.
     """
-    max_distance = _positive_int("max_distance", max_distance)
+    max_distance = check_count("max_distance", max_distance)
     theta = rope_thetas(head_dim, base)
     start, block = 0, 64
     while start < max_distance:
@@ -182,7 +176,7 @@ def first_negative_distance(base: float, max_distance: int, head_dim: int = 128)
 def base_is_feasible(base: float, context_length: int, head_dim: int = 128) -> bool:
     """Men et al.'s condition on the base: B_m >= 0 for every distance m = 0 ..
     context_length - 1 inside the context (see :func:`first_negative_distance`)."""
-    context_length = _positive_int("context_length", context_length)
+    context_length = check_count("context_length", context_length)
     return first_negative_distance(base, context_length, head_dim) is None
 
 

@@ -9,18 +9,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_float_tensor, check_layout
+from ._checks import as_int, check_count, check_float_tensor, check_int_tensor, check_layout, tracing
 from .masks import prepare_mask
 from .rotation import SHORT_TABLE_MODES, apply_rope
 from .tables import RotaryEmbedding
 
 
 class KVCache:
-    """Rotated keys and values of the tokens seen so far, each ``(batch, kv_heads, length, head_dim)``.
+    """Keys and values of the tokens seen so far, each ``(batch, kv_heads, length, head_dim)``.
 
     Pass one instance to successive ``forward`` calls of one layer; each call appends its new
     keys and values and attends over all of them. The next token's position (``offset``)
     defaults to ``length``.
+
+    ``StandardAttentionWithRoPE`` caches its keys rotated, except when its rope type's
+    frequencies depend on the sequence length (``ropelib.scaling.depends_on_length``, e.g.
+    dynamic NTK): keys rotated while the sequence was shorter would keep the old
+    frequencies, and decoding would drift from the full forward. Such keys are cached
+    unrotated with their positions (``positions``), and every call rotates all of them with
+    the frequencies of the current length, so each decoding step equals the full causal
+    forward over the tokens so far, in any dtype (one rounding, as there). The cost: one
+    rotation of the cached keys per step (a pass like a copy of them) for those rope types
+    only. Re-rotating cached keys by the angle difference, R(a') = R(a' - a) R(a), would
+    cost nothing between switches, but dynamic NTK switches at every step past the trained
+    length, and in bfloat16 each re-rotation adds a rounding (and drops angle changes below
+    half an ulp), so the error would grow with every step.
 
     The keys and values live in preallocated buffers ``(batch, kv_heads, capacity, head_dim)``;
     ``key`` and ``value`` are views of their first ``length`` positions. An update writes only
@@ -36,12 +49,13 @@ class KVCache:
     """
 
     def __init__(self, capacity: int | None = None) -> None:
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
-                                     or capacity < 1):
-            raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
-        self._reserve = capacity or 0
+        self._reserve = 0 if capacity is None else check_count("capacity", capacity,
+                                                                extra=" or None")
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
+        # positions as (batch, 1, capacity, 1) int64, to grow along dim -2 like the keys
+        self._position_buffer: torch.Tensor | None = None
+        self._inference = False  # whether eager code made the buffers in inference mode
         self._length = 0
 
     @property
@@ -64,7 +78,16 @@ class KVCache:
         """Cached values ``(batch, kv_heads, length, head_dim)`` (a view of the buffer), or None."""
         return None if self._value_buffer is None else self._value_buffer[..., :self._length, :]
 
-    def _check(self, key: torch.Tensor, value: torch.Tensor) -> None:
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """Positions of the cached keys ``(batch, length)``, int64, when the updates gave
+        them (unrotated keys), else None."""
+        buffer = self._position_buffer
+        return None if buffer is None else buffer[:, 0, :self._length, 0]
+
+    def _check(self, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor | None
+               ) -> torch.Tensor | None:
+        """Checks an update; returns its positions as ``(batch, 1, new, 1)`` int64, or None."""
         for name, new, cached in (("key", key, self.key), ("value", value, self.value)):
             if not isinstance(new, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(new).__name__}")
@@ -85,47 +108,79 @@ class KVCache:
         if key.shape[:3] != value.shape[:3]:
             raise ValueError(f"key and value must share (batch, kv_heads, new), got "
                              f"{tuple(key.shape)} and {tuple(value.shape)}")
+        if self._key_buffer is not None and (positions is None) != (
+                self._position_buffer is None):
+            held = "with" if positions is None else "without"
+            raise ValueError(f"this cache holds keys {held} their positions; pass positions= "
+                             f"with every update or with none (call reset() to start over)")
+        if positions is None:
+            return None
+        positions = check_int_tensor("positions", positions)
+        batch, new = key.shape[0], key.shape[-2]
+        if not (positions.ndim == 1 or (positions.ndim == 2 and positions.shape[0] in (1, batch))
+                ) or positions.shape[-1] != new:
+            raise ValueError(f"positions must have shape (new,) = ({new},) or (batch, new) = "
+                             f"({batch}, {new}), got {tuple(positions.shape)}")
+        return positions.to(key.device).expand(batch, new)[:, None, :, None]
 
     def _writable(self, end: int) -> bool:
         """Whether positions up to ``end`` can be written into the current buffers in place."""
         buffer = self._key_buffer
-        return (buffer is not None and end <= buffer.shape[-2]
-                and not (buffer.requires_grad or self._value_buffer.requires_grad)
-                and not (buffer.is_inference() and not torch.is_inference_mode_enabled()))
+        if buffer is None or end > buffer.shape[-2] or (buffer.requires_grad
+                                                        or self._value_buffer.requires_grad):
+            return False
+        if tracing():  # a graph cannot ask about inference mode: buffers made there move once
+            return not self._inference
+        return not (buffer.is_inference() and not torch.is_inference_mode_enabled())
 
-    def _grow(self, end: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    def _buffers(self, new: tuple) -> tuple:
+        """(new, cached, buffer) for keys, values and, when given, positions."""
+        cached = (self.key, self.value, None if self._position_buffer is None
+                  else self._position_buffer[..., :self._length, :])
+        buffers = (self._key_buffer, self._value_buffer, self._position_buffer)
+        return tuple(t for t in zip(new, cached, buffers, strict=True) if t[0] is not None)
+
+    def _set(self, buffers: list) -> None:
+        self._key_buffer, self._value_buffer = buffers[:2]
+        self._position_buffer = buffers[2] if len(buffers) == 3 else None
+        self._inference = not tracing() and torch.is_inference_mode_enabled()
+
+    def _grow(self, end: int, new: tuple) -> None:
         """New buffers for at least ``end`` positions, holding the cached ones."""
         capacity = max(end, 2 * self.capacity, self._reserve)
         buffers = []
-        for new, cached in ((key, self.key), (value, self.value)):
-            buffer = new.new_empty(new.shape[:2] + (capacity, new.shape[-1]))
+        for fresh, cached, _ in self._buffers(new):
+            buffer = fresh.new_empty(fresh.shape[:2] + (capacity, fresh.shape[-1]))
             if cached is not None:
                 buffer[..., :self._length, :].copy_(cached)
             buffers.append(buffer)
-        self._key_buffer, self._value_buffer = buffers
+        self._set(buffers)
 
-    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key: torch.Tensor, value: torch.Tensor, *,
+               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache,
-        ``(batch, kv_heads, length, head_dim)`` each (views of the buffers)."""
-        self._check(key, value)
+        ``(batch, kv_heads, length, head_dim)`` each (views of the buffers).
+
+        ``positions``: the new keys' positions ``(new,)`` or ``(batch, new)``, kept beside
+        them (see ``positions``); give them with every update of a cache or with none."""
+        new = (key, value, self._check(key, value, positions))
         start, end = self._length, self._length + key.shape[-2]
         tensors = (key, value, self._key_buffer, self._value_buffer)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-            cached = (self.key, self.value)
-            self._key_buffer, self._value_buffer = (
-                new if old is None else torch.cat([old, new], dim=-2)
-                for old, new in zip(cached, (key, value), strict=True))
+            self._set([fresh if cached is None else torch.cat([cached, fresh], dim=-2)
+                       for fresh, cached, _ in self._buffers(new)])
         elif end > start or self._key_buffer is None:
             if not self._writable(end):
-                self._grow(end, key, value)
-            self._key_buffer[..., start:end, :].copy_(key)
-            self._value_buffer[..., start:end, :].copy_(value)
+                self._grow(end, new)
+            for fresh, _, buffer in self._buffers(new):
+                buffer[..., start:end, :].copy_(fresh)
         self._length = end
         return self.key, self.value
 
     def reset(self) -> None:
         """Forget the cached positions and drop the buffers (views returned earlier stay valid)."""
-        self._key_buffer = self._value_buffer = None
+        self._key_buffer = self._value_buffer = self._position_buffer = None
+        self._inference = False
         self._length = 0
 
 
@@ -160,14 +215,12 @@ class StandardAttentionWithRoPE(nn.Module):
                  rope: bool = True, short_table: str = "raise",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        embed_dim = check_count("embed_dim", embed_dim)
+        num_heads = check_count("num_heads", num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
-            raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+        num_kv_heads = num_heads if num_kv_heads is None else check_count("num_kv_heads",
+                                                                          num_kv_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not divisible by "
                              f"num_kv_heads={num_kv_heads}")
@@ -175,11 +228,11 @@ class StandardAttentionWithRoPE(nn.Module):
         if head_dim % 2:
             raise ValueError(f"head_dim = embed_dim / num_heads = {embed_dim} / {num_heads} = "
                              f"{head_dim} must be even (RoPE rotates channel pairs)")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if (isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0
-                or rotary_dim % 2 or rotary_dim > head_dim):
+        rd = head_dim if rotary_dim is None else as_int(rotary_dim)
+        if rd is None or rd <= 0 or rd % 2 or rd > head_dim:
             raise ValueError(f"rotary_dim must be a positive even int <= head_dim={head_dim}, "
                              f"got {rotary_dim!r}")
+        rotary_dim = rd
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         check_layout(layout)
@@ -215,28 +268,54 @@ class StandardAttentionWithRoPE(nn.Module):
             raise ValueError(f"key and value must have the same length, got {key.shape[1]} "
                              f"and {value.shape[1]}")
 
-    def _rotate(self, q, k, rope_embeddings, positions, key_positions, offset):
+    def _rotate(self, q, k, rope_embeddings, positions, key_positions, offset, end):
+        """q at ``positions`` (default offset + 0..Nq-1) and k at ``key_positions`` (default
+        offset + 0..Nk-1), rotated. ``end``: offset + the new tokens, the least length the
+        module's tables cover and, with the largest position + 1, the length whose
+        frequencies a length-dependent rope type uses."""
         if rope_embeddings is not None:
             if not isinstance(rope_embeddings, (tuple, list)) or len(rope_embeddings) != 2:
                 raise ValueError("rope_embeddings must be a (cos, sin) pair, e.g. from "
                                  "generate_rope_embeddings(seq_len, head_dim)")
             cos, sin = rope_embeddings
-        elif self.rotary is not None:
-            ends = [offset + max(q.shape[-2], k.shape[-2])]
-            ends += [int(p.max()) + 1 for p in (positions, key_positions)
-                     if p is not None and p.numel()]
-            cos, sin = self.rotary.tables(max(ends), q.device)
-        else:
+        elif self.rotary is None:
             return q, k
+        elif tracing():
+            return self._rotate_traced(q, k, positions, key_positions, offset, end)
+        else:
+            ends = [end] + [int(p.max()) + 1 for p in (positions, key_positions)
+                            if p is not None and p.numel()]
+            cos, sin = self.rotary.tables(max(ends), q.device)
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim,
               "short_table": self.short_table}
-        if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
-            key_positions = positions
         q = apply_rope(q, cos, sin, positions=positions,
                        offset=offset if positions is None else 0, **kw)
         k = apply_rope(k, cos, sin, positions=key_positions,
                        offset=offset if key_positions is None else 0, **kw)
         return q, k
+
+    def _rotate_traced(self, q, k, positions, key_positions, offset, end):
+        """``_rotate`` under a compiler or tracer, where the largest position is unknown and
+        the tables cannot grow: the rows of every position are computed in the graph
+        (``RotaryEmbedding.traced_rows``), with the frequencies of length ``end``. A
+        length-dependent rope type would use a longer length for a position at or past
+        ``end`` in eager mode; the graph asserts there is none."""
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+        rotated = []
+        for x, pos in ((q, positions), (k, key_positions)):
+            if pos is None:
+                pos = torch.arange(offset, offset + x.shape[-2], device=x.device)
+            else:
+                torch._assert_async((pos >= 0).all(), "positions must be >= 0")
+                if self.rotary.dynamic:
+                    torch._assert_async((pos < end).all(), "compiled or traced, a rope type "
+                                        "whose frequencies depend on the length takes only "
+                                        "positions < offset + seq")
+            cos, sin = self.rotary.traced_rows(pos.to(x.device), end)
+            # (seq,) or (batch, seq) positions: rows (1 or batch, 1 head, seq, rotary_dim / 2)
+            cos, sin = (t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin))
+            rotated.append(apply_rope(x, cos, sin, **kw))
+        return tuple(rotated)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -258,7 +337,11 @@ class StandardAttentionWithRoPE(nn.Module):
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).
-            kv_cache: a ``KVCache`` to append to and attend over.
+            kv_cache: a ``KVCache`` to append to and attend over. Each step equals the full
+                causal forward over the tokens so far, also when the rope type's frequencies
+                change with the length (dynamic NTK): then the keys are cached unrotated and
+                all of them are rotated at every call, one extra pass over the cached keys
+                (see ``KVCache``).
 
         Returns:
             ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
@@ -270,9 +353,20 @@ class StandardAttentionWithRoPE(nn.Module):
         q = self._split_heads(self.q_proj(query), self.num_heads)
         k = self._split_heads(self.k_proj(key), self.num_kv_heads)
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
-        q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)
+        positions, key_positions = (None if p is None else check_int_tensor(name, p) for name, p
+                                    in (("positions", positions), ("key_positions", key_positions)))
+        if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
+            key_positions = positions
+        end = offset + max(q.shape[-2], k.shape[-2])
+        if kv_cache is not None and self._caches_unrotated(kv_cache, rope_embeddings):
+            if key_positions is None:
+                key_positions = torch.arange(offset, offset + k.shape[-2], device=k.device)
+            k, v = kv_cache.update(k, v, positions=key_positions)
+            q, k = self._rotate(q, k, rope_embeddings, positions, kv_cache.positions, offset, end)
+        else:
+            q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset, end)
+            if kv_cache is not None:
+                k, v = kv_cache.update(k, v)
         batch, q_len, k_len = q.shape[0], q.shape[-2], k.shape[-2]
         p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
@@ -291,6 +385,14 @@ class StandardAttentionWithRoPE(nn.Module):
             out = out.masked_fill(empty, 0.0)
         out = self._merge(out)
         return (out, weights) if return_attn else out
+
+    def _caches_unrotated(self, kv_cache: KVCache, rope_embeddings) -> bool:
+        """Whether keys go into ``kv_cache`` unrotated, with their positions, to be rotated
+        at every call with the current frequencies: when the module's own frequencies
+        depend on the length (see ``KVCache``), or the cache already holds such keys."""
+        builtin_length_dependent = (rope_embeddings is None and self.rotary is not None
+                                    and self.rotary.dynamic)
+        return builtin_length_dependent or kv_cache.positions is not None
 
     def _explicit(self, q, k, v, mask, empty, p):
         groups = self.num_heads // self.num_kv_heads

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ._checks import LAYOUTS, check_even_positive, check_layout
+from ._checks import LAYOUTS, check_count, check_even_positive, check_layout
 
 
 def half_from_interleaved_index(dim: int, rotary_dim: int | None = None) -> torch.Tensor:
@@ -33,9 +33,8 @@ def interleaved_from_half_index(dim: int, rotary_dim: int | None = None) -> torc
 
 
 def _rotary(dim: int, rotary_dim: int | None) -> int:
-    check_even_positive("dim", dim)
-    rd = dim if rotary_dim is None else rotary_dim
-    check_even_positive("rotary_dim", rd)
+    dim = check_even_positive("dim", dim)
+    rd = dim if rotary_dim is None else check_even_positive("rotary_dim", rotary_dim)
     if rd > dim:
         raise ValueError(f"rotary_dim must be <= head_dim={dim}, got {rd}")
     return rd
@@ -76,8 +75,7 @@ def convert_qk_weight(weight: torch.Tensor, num_heads: int, *, src: str, dst: st
         seen = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"weight must be a (out_features, in_features) weight or an "
                          f"(out_features,) bias, got {seen}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    num_heads = check_count("num_heads", num_heads)
     rows = weight.shape[0]
     if rows % num_heads:
         raise ValueError(f"weight has {rows} output rows, not divisible by num_heads={num_heads}")

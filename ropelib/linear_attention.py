@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import check_float_tensor
+from ._checks import check_count, check_float_tensor
 from .rotation import Layout, apply_rope
 
 FeatureMap = Callable[[torch.Tensor], torch.Tensor]
@@ -133,8 +133,7 @@ def linear_attention(
         feature_map = _FEATURE_MAPS[feature_map]
     if chunk_size is None:
         chunk_size = DEFAULT_CHUNK_SIZE[bool(causal)]
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    chunk_size = check_count("chunk_size", chunk_size)
 
     def features(t: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """phi(t) and its rotation (the numerator's features) for tokens start..end-1."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import tracing
+
 NAN_MASK_HELP = (
     "attn_mask contains NaN. The recipe (~pad_mask)[:, None, None, :] * float('-inf') "
     "computes 0 * -inf = NaN at every kept position. Pass the boolean mask "
@@ -47,7 +49,10 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         ``(mask, empty_rows)``: ``mask`` (bool or float, broadcastable to ``shape``, with rows
         that allow nothing opened up so that softmax stays finite) or None; ``empty_rows``
         (bool, broadcastable to ``(batch, heads, q_len, 1)``) marking rows whose output must be
-        zero, or None when there are none.
+        zero, or None when there are none. Under a compiler or tracer, where the mask's
+        values are unknown, ``empty_rows`` is always a tensor (all False when no row is
+        empty: the same result) and the checks of a float mask's values are assertions in
+        the graph.
     """
     q_len, k_len = shape[-2:]
     if attn_mask is not None:
@@ -68,12 +73,7 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         # 4-D from here on: scaled_dot_product_attention rejects a 1-D (k_len,) mask
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
         if attn_mask.is_floating_point():
-            if torch.isnan(attn_mask).any():
-                raise ValueError(NAN_MASK_HELP)
-            if torch.isposinf(attn_mask).any():
-                raise ValueError("attn_mask contains +inf: a score plus inf is inf, and the "
-                                 "softmax of a row holding inf is NaN. Use 0 to keep a key "
-                                 "and -inf to mask it")
+            _check_float_mask(attn_mask)
             attn_mask = attn_mask.to(dtype)
     if is_causal:
         causal = causal_mask(q_len, k_len, device)
@@ -87,10 +87,25 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         return None, None
     if attn_mask.dtype == torch.bool:
         empty = ~attn_mask.any(dim=-1, keepdim=True)
-        if not empty.any():
+        if not tracing() and not empty.any():
             return attn_mask, None
         return attn_mask | empty, empty
     empty = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
-    if not empty.any():
+    if not tracing() and not empty.any():
         return attn_mask, None
     return attn_mask.masked_fill(empty, 0.0), empty
+
+
+def _check_float_mask(attn_mask: torch.Tensor) -> None:
+    """No NaN (the -inf recipe's 0 * -inf) and no +inf in a float mask: raised here, an
+    assertion in the graph under a compiler or tracer."""
+    posinf_help = ("attn_mask contains +inf: a score plus inf is inf, and the softmax of a "
+                   "row holding inf is NaN. Use 0 to keep a key and -inf to mask it")
+    if tracing():
+        torch._assert_async(~torch.isnan(attn_mask).any(), NAN_MASK_HELP)
+        torch._assert_async(~torch.isposinf(attn_mask).any(), posinf_help)
+        return
+    if torch.isnan(attn_mask).any():
+        raise ValueError(NAN_MASK_HELP)
+    if torch.isposinf(attn_mask).any():
+        raise ValueError(posinf_help)

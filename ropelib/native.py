@@ -3,7 +3,8 @@
 Eager PyTorch needs at least two passes over memory for the half layout (its pairs are d/2
 apart, so there is no complex view) and a temporary for half precision. A loop that reads
 each pair once and writes it once costs what a copy costs. ropelib compiles that loop with
-the system's C compiler (``$CC``, default ``cc``) the first time it is needed, keeps the
+the system's C compiler (``$CC``, default ``cc``; it may carry flags, split as a shell
+would, e.g. ``CC="ccache gcc -march=native"``) the first time it is needed, keeps the
 shared library in ``$ROPELIB_CACHE_DIR`` (default ``~/.cache/ropelib``) and calls it through
 ctypes. Built with OpenMP (where the compiler has it), it splits large tensors across
 ``torch.get_num_threads()`` threads of the OpenMP runtime PyTorch itself uses, so a forked
@@ -14,9 +15,11 @@ the cost of any new tensor here, several times cheaper.
 This module is the bottom of ``apply_rope``'s path: ``ropelib.kernels`` registers the PyTorch
 operator whose CPU implementation calls ``rotate`` here. Nothing here keeps a tensor or a
 pointer between calls. Without a compiler, on other devices and for other dtypes,
-``ropelib.kernels`` uses its eager paths; ``unavailable_reason()`` says why the kernel is
-missing, ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0`` in the environment) turns it off,
-e.g. to compare the two.
+``ropelib.kernels`` uses its eager paths. A failed build is said once, in a warning that
+names the cause and the cost; ``native_status()`` (``ropelib.native_status``) tells which
+path CPU calls take and why, ``unavailable_reason()`` why the kernel is missing, and
+``set_enabled(False)`` (or ``ROPELIB_NATIVE=0`` in the environment) turns it off, e.g. to
+compare the two.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import struct
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -66,13 +72,15 @@ def cache_dir() -> Path:
 
 def _compile(compiler: str, target: Path) -> None:
     """Build the library next to ``target`` and move it into place (atomic for racing processes);
-    with OpenMP if the compiler has it, else without (one thread)."""
+    with OpenMP if the compiler has it, else without (one thread). ``compiler`` is a command
+    line, split as a shell would (``$CC`` often carries flags or a wrapper)."""
+    command = shlex.split(compiler)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         for flags in ((*FLAGS, OPENMP_FLAG), FLAGS):
-            result = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE)],
+            result = subprocess.run([*command, *flags, "-o", tmp, str(SOURCE)],
                                     capture_output=True, text=True, timeout=120)
             if not result.returncode:
                 os.replace(tmp, target)
@@ -85,8 +93,9 @@ def _compile(compiler: str, target: Path) -> None:
 
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    """(library, None), or (None, why it could not be built or loaded)."""
-    compiler = os.environ.get("CC", "cc")
+    """(library, None), or (None, why it could not be built or loaded); a failure is also
+    said once, in a warning."""
+    compiler = os.environ.get("CC") or "cc"
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
                                      platform.machine().encode(), platform.system().encode()]))
@@ -96,8 +105,15 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
             if not target.exists():
                 _compile(compiler, target)
         lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        return None, f"{type(error).__name__}: {error}"
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
+        reason = f"{type(error).__name__}: {error}"
+        warnings.warn(f"ropelib could not build its compiled RoPE kernel with CC={compiler!r} "
+                      f"({reason}); apply_rope falls back to eager PyTorch on the CPU, several "
+                      "times slower (two or more passes over memory and temporaries instead of "
+                      "one loop). ropelib.native_status() tells which path runs; set CC to a "
+                      "working C compiler, or ROPELIB_NATIVE=0 to choose the eager path "
+                      "silently", RuntimeWarning, stacklevel=2)
+        return None, reason
     lib.rope = {}
     for dtype in DTYPES:
         fn = getattr(lib, f"rope_{str(dtype).removeprefix('torch.')}")
@@ -115,6 +131,29 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
 def unavailable_reason() -> str | None:
     """None when the kernel is built and loaded, else why not (compiler error, no compiler)."""
     return _load()[1]
+
+
+class NativeStatus(NamedTuple):
+    """Which path ``apply_rope`` takes on the CPU (float32, float64, bfloat16) and why."""
+
+    path: str  # "native" (the compiled loop) or "eager" (PyTorch operations)
+    reason: str  # why that path
+    threaded: bool  # whether the compiled loop runs on several threads (OpenMP)
+
+
+def native_status() -> NativeStatus:
+    """Whether ropelib's compiled loop runs (building it if needed) and why, e.g.
+    ``NativeStatus(path='eager', reason='disabled (ROPELIB_NATIVE=0 or set_enabled(False))',
+    threaded=False)``. Other dtypes and devices always take the eager paths."""
+    if not _enabled:
+        return NativeStatus("eager", "disabled (ROPELIB_NATIVE=0 or set_enabled(False))", False)
+    reason = unavailable_reason()
+    if reason is not None:
+        return NativeStatus("eager", f"the kernel could not be built: {reason}", False)
+    openmp = threaded()
+    how = "with OpenMP" if openmp else "without OpenMP (one thread)"
+    return NativeStatus("native", f"compiled {how} by CC={os.environ.get('CC') or 'cc'!r}",
+                        openmp)
 
 
 def threaded() -> bool:

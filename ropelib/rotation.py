@@ -20,14 +20,13 @@ works from the tensors it is given.
 
 from __future__ import annotations
 
-import operator
 from typing import Literal
 
 import torch
 from torch.autograd import forward_ad
 
 from . import kernels
-from ._checks import check_float_tensor, check_int_tensor, check_layout
+from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
@@ -94,11 +93,11 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     head_dim = int(x.shape[-1])  # a traced size under torch.jit.trace
-    rd = head_dim if rotary_dim is None else rotary_dim
-    if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > head_dim:
+    rd = head_dim if rotary_dim is None else as_int(rotary_dim)
+    if rd is None or rd <= 0 or rd % 2 or rd > head_dim:
         what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
         raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
-                         f"got {rd}")
+                         f"got {head_dim if rotary_dim is None else rotary_dim!r}")
     check_float_tensor("cos", cos)
     check_float_tensor("sin", sin)
     if cos.shape != sin.shape:
@@ -132,11 +131,10 @@ def _check_offset(offset: object) -> int:
     """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool)."""
     if type(offset) is int and offset >= 0:
         return offset
-    is_bool = isinstance(offset, bool) or getattr(offset, "dtype", None) in (torch.bool, bool)
-    try:
-        value = None if is_bool else operator.index(offset)
-    except TypeError:
-        value = None
+    if isinstance(offset, torch.SymInt):  # a symbolic length under torch.compile / export
+        torch._check(offset >= 0, lambda: "offset must be a non-negative int")
+        return offset
+    value = as_int(offset)
     if value is None or value < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
     return value
@@ -168,8 +166,8 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
     seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
-        if needed == table_len and not offset and not torch.jit.is_tracing():
-            return cos, sin  # a trace keeps the slice: it runs again with other lengths
+        if not tracing() and not offset and needed == table_len:
+            return cos, sin  # a graph keeps the slice: it runs again with other lengths
         if needed <= table_len:
             return cos[offset:needed], sin[offset:needed]
         if short_table == "raise" or table_len == 0:
@@ -179,8 +177,7 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
                 f"e.g. generate_rope_embeddings({needed}, head_dim)")
         index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
         return cos[index], sin[index]
-    _check_positions(positions, x, offset, table_len, short_table)
-    index = positions.to(device=cos.device, dtype=torch.long)  # uint8 would index as a mask
+    index = _check_positions(positions, x, offset, table_len, short_table).to(cos.device)
     if short_table == "repeat_last":
         index = index.clamp_max(table_len - 1)
     if positions.ndim == 2:
@@ -189,8 +186,9 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
 
 
 def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
-                     short_table: str) -> None:
-    check_int_tensor("positions", positions)
+                     short_table: str) -> torch.Tensor:
+    """positions as int64 (uint8 would index as a mask), after checking them."""
+    positions = check_int_tensor("positions", positions)
     seq_len = x.shape[-2]
     ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
                                        and positions.shape[0] in (1, x.shape[0]))
@@ -201,14 +199,14 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
     if offset:
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
-    if positions.numel() == 0:
-        return
-    if torch.compiler.is_compiling():  # checked on the tensors: no data-dependent graph break
-        torch._assert_async(positions.min() >= 0, "positions must be >= 0")
+    if tracing():  # checked on the tensors: no data-dependent branch in the graph
+        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
         if short_table == "raise":
-            torch._assert_async(positions.max() < table_len,
-                                f"positions must be < {table_len}, the cos/sin table length")
-        return
+            torch._assert_async((positions < table_len).all(),
+                                "positions must be < the cos/sin table length")
+        return positions
+    if positions.numel() == 0:
+        return positions
     low, high = int(positions.min()), int(positions.max())
     if low < 0:
         raise ValueError(f"positions must be >= 0, got min {low}")
@@ -216,6 +214,7 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         raise ValueError(f"positions go up to {high} but the cos/sin table has only {table_len} "
                          f"rows (positions 0..{table_len - 1}); generate a longer table, "
                          f"e.g. generate_rope_embeddings({high + 1}, head_dim)")
+    return positions
 
 
 def _transformed() -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ._checks import check_base, check_even_positive
+from ._checks import check_base, check_count, check_even_positive
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 
@@ -56,7 +56,7 @@ _OPTIONAL = {
 
 def default_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
     """theta_i = base^(-2i/dim) for i = 0 .. dim/2 - 1, shape ``(dim // 2,)``, float64, CPU."""
-    check_even_positive("dim", dim)
+    dim = check_even_positive("dim", dim)
     check_base(base)
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
     return torch.pow(torch.tensor(float(base), dtype=torch.float64), -exponents)
@@ -75,6 +75,15 @@ def rope_type(config: Mapping | None) -> str:
     return kind
 
 
+def depends_on_length(config: Mapping | None) -> bool:
+    """Whether the frequencies of this scaling config change with the sequence length
+    (``"dynamic"``): the one place that says which rope types do. Keys rotated while the
+    sequence was shorter then no longer match the frequencies of a longer one, so
+    ``StandardAttentionWithRoPE`` caches such keys unrotated, and ``RotaryEmbedding``
+    rebuilds its tables when the length moves them."""
+    return rope_type(config) in ("dynamic",)
+
+
 def _validated(config: Mapping | None) -> tuple[str, dict]:
     kind = rope_type(config)
     params = {k: v for k, v in (config or {}).items() if k not in ("rope_type", "type")}
@@ -89,10 +98,8 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if kind != "default" or "factor" in params:
         _check_number("factor", params.get("factor", 1.0), at_least=1.0)
     original = params.get("original_max_position_embeddings")
-    if original is not None and (isinstance(original, bool) or not isinstance(original, int)
-                                 or original <= 0):
-        raise ValueError("scaling['original_max_position_embeddings'] must be a positive int, "
-                         f"got {original!r}")
+    if original is not None:
+        check_count("scaling['original_max_position_embeddings']", original)
     if kind == "yarn":
         beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
         _check_number("beta_fast", beta_fast, above=0.0)
@@ -210,9 +217,8 @@ def scaled_frequencies(
     """
     kind, p = _validated(config)
     check_base(base)
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
-                                or seq_len < 0):
-        raise ValueError(f"seq_len must be a non-negative int or None, got {seq_len!r}")
+    if seq_len is not None:
+        seq_len = check_count("seq_len", seq_len, zero=True, extra=" or None")
     if kind in ("ntk", "dynamic") and dim == 2:
         raise ValueError(f"dim must be >= 4 for {kind!r} scaling (the base grows by "
                          "factor^(dim / (dim - 2))), got 2")

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ._checks import check_even_positive, check_int_tensor
-from .scaling import rope_type, scaled_frequencies
+from ._checks import check_count, check_even_positive, check_int_tensor, tracing
+from .scaling import depends_on_length, rope_type, scaled_frequencies
 
 _TABLE_DTYPES = (torch.float32, torch.float64)
 
@@ -68,9 +68,8 @@ def generate_rope_embeddings(
     Returns:
         ``(cos, sin)``, each ``(seq_len, head_dim // 2)``.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
-        raise ValueError(f"seq_len must be a non-negative int, got {seq_len!r}")
-    check_even_positive("head_dim", head_dim)
+    seq_len = check_count("seq_len", seq_len, zero=True)
+    head_dim = check_even_positive("head_dim", head_dim)
     if dtype not in _TABLE_DTYPES:
         raise ValueError(f"dtype must be one of {_TABLE_DTYPES} (angles need the precision), "
                          f"got {dtype}")
@@ -83,6 +82,8 @@ def generate_rope_embeddings(
             raise ValueError(f"positions must be a tensor of shape (seq_len,) = ({seq_len},), "
                              f"got {seen}")
         positions = positions.detach().cpu()
+        if not positions.is_floating_point():  # int64: min/max exist for every integer dtype
+            positions = check_int_tensor("positions", positions)
         # the length dynamic scaling sees: positions up to the largest one (none if all < 0)
         current_len = max(int(positions.max().item()) + 1, 0) if seq_len else 0
     inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len)
@@ -94,10 +95,17 @@ class RotaryEmbedding(nn.Module):
 
     The cache covers positions ``0 .. cached_len - 1``. A request beyond it regrows the cache
     (to at least twice its length), a shorter request reuses it; it is never recomputed per
-    call. With ``{"rope_type": "dynamic"}`` the frequencies depend on the length, so the
-    cache is rebuilt for every new maximum length above the trained one and reset to the
-    original frequencies when a sequence no longer than the trained length comes
-    (the behaviour of Hugging Face's dynamic NTK).
+    call. When the frequencies depend on the length (``ropelib.scaling.depends_on_length``,
+    e.g. ``{"rope_type": "dynamic"}``), the cache is rebuilt for every new maximum length
+    above the trained one and reset to the original frequencies when a sequence no longer
+    than the trained length comes (the behaviour of Hugging Face's dynamic NTK).
+
+    Under ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` the cache is neither
+    read nor grown: ``tables`` and ``forward`` compute the rows they return in the recorded
+    graph, from the same float64 frequencies, so the graph holds for any length. There a
+    length-dependent rope type needs a concrete length: ``torch.compile`` specializes on it
+    (one graph per length), and ``torch.jit.trace``, which would freeze the frequencies of
+    the traced length, refuses it.
 
     Args:
         dim: rotary dimension (head_dim, or rotary_dim for a partial rotation).
@@ -105,6 +113,9 @@ class RotaryEmbedding(nn.Module):
         scaling: optional context-extension config.
         max_position_embeddings: initial cache length.
         device: device of the buffers.
+
+    ``dynamic`` says whether the frequencies depend on the length
+    (``ropelib.scaling.depends_on_length(scaling)``).
 
     Buffers (not saved in state dicts): ``inv_freq`` ``(dim // 2,)`` float32, ``cos_cached``
     and ``sin_cached`` ``(cached_len, dim // 2)`` float32 (float64 after ``double()``), the
@@ -116,19 +127,18 @@ class RotaryEmbedding(nn.Module):
                  max_position_embeddings: int = 2048,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        check_even_positive("dim", dim)
-        if isinstance(max_position_embeddings, bool) or not isinstance(
-                max_position_embeddings, int) or max_position_embeddings < 1:
-            raise ValueError("max_position_embeddings must be a positive int, "
-                             f"got {max_position_embeddings!r}")
+        dim = check_even_positive("dim", dim)
+        max_position_embeddings = check_count("max_position_embeddings",
+                                              max_position_embeddings)
         self.dim, self.base, self.scaling = dim, float(base), scaling
-        self.dynamic = rope_type(scaling) == "dynamic"
+        self.dynamic = depends_on_length(scaling)
         self.register_buffer("inv_freq", rope_frequencies(dim, base, scaling=scaling,
                                                           device=device), persistent=False)
         empty = torch.empty(0, dim // 2, device=device)
         self.register_buffer("cos_cached", empty, persistent=False)
         self.register_buffer("sin_cached", empty.clone(), persistent=False)
         self._scaled_for: int | None = None
+        self._table_dtype = torch.float32  # of cos_cached and sin_cached, read without them
         self._build(max_position_embeddings)
 
     @property
@@ -144,6 +154,7 @@ class RotaryEmbedding(nn.Module):
         the cache), so the module trains afterwards."""
         device = self.cos_cached.device if device is None else device
         dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
+        self._table_dtype = dtype
         with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
             inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling,
                                                   seq_len=freq_len)
@@ -189,8 +200,10 @@ class RotaryEmbedding(nn.Module):
         ``load_state_dict(..., assign=True)``, which does not load these buffers) are built
         there.
         """
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise ValueError(f"length must be a non-negative int, got {length!r}")
+        if tracing():
+            device = self.inv_freq.device if device is None else device
+            return self.traced_rows(torch.arange(length, device=device), length)
+        length = check_count("length", length, zero=True)
         if device is not None and self.cos_cached.is_meta and torch.device(device).type != "meta":
             self._build(self.cached_len, self._scaled_for, torch.device(device))
         self._ensure(length)
@@ -207,9 +220,37 @@ class RotaryEmbedding(nn.Module):
         if positions is None:
             cos, sin = self.tables(seq_len)
             return cos[:seq_len], sin[:seq_len]
-        check_int_tensor("positions", positions)
+        positions = check_int_tensor("positions", positions)
+        if tracing():
+            if self.dynamic:
+                raise ValueError(f"rope type {rope_type(self.scaling)!r} has frequencies "
+                                 "that depend on the length max(positions) + 1, which a traced "
+                                 "graph cannot read from the data; call forward(seq_len) or "
+                                 "traced_rows(positions, length)")
+            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+            return self.traced_rows(positions, None)
         if positions.numel() and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
         cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
         index = positions.to(cos.device)
         return cos[index], sin[index]
+
+    def traced_rows(self, positions: torch.Tensor, length: int | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows ``positions.shape + (dim // 2,)`` computed from scratch (float64
+        angles, like the cache), without reading or growing the cache: what a compiled,
+        exported or traced graph records. ``length``: the sequence length the frequencies
+        are for, used only when they depend on it (then it is made concrete: a compiled
+        graph specializes on it, and ``torch.jit.trace`` refuses, since it would freeze the
+        traced length's frequencies)."""
+        freq_len = None
+        if self.dynamic:
+            if torch.jit.is_tracing():
+                raise ValueError(f"rope type {rope_type(self.scaling)!r} has frequencies "
+                                 "that depend on the sequence length; torch.jit.trace would "
+                                 "freeze those of the traced length. Use torch.export or "
+                                 "torch.compile, which check the length")
+            freq_len = int(length)
+        inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len)
+        return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
+                                 positions.device, self._table_dtype)

@@ -182,11 +182,13 @@ def softmax_attention(q, k, v, mask=None, causal=False) -> tuple[torch.Tensor, t
 
 
 def attention_module_reference(module, query, key, value, q_angles, k_angles, mask=None,
-                               causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+                               causal=False, scale: float = 1.0
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """What StandardAttentionWithRoPE must compute, from its weights, in float64 on the CPU.
 
     q_angles/k_angles: ``(Nq, rd/2)``/``(Nk, rd/2)`` (or with a leading batch dim) angle
-    tables for the module's layout, or None for no rotation.
+    tables for the module's layout, or None for no rotation. ``scale`` multiplies the
+    rotated channels of q and k (YaRN's attention factor, which multiplies cos and sin).
     """
     def proj(lin, x):
         w = lin.weight.detach().cpu().to(F64)
@@ -201,6 +203,9 @@ def attention_module_reference(module, query, key, value, q_angles, k_angles, ma
     if q_angles is not None:
         q = rope_by_matrix(q, q_angles, module.layout)
         k = rope_by_matrix(k, k_angles, module.layout)
+        rd = 2 * q_angles.shape[-1]
+        q[..., :rd] *= scale
+        k[..., :rd] *= scale
     k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
     out, weights = softmax_attention(q, k, v, mask, causal)
     out = out.transpose(1, 2).reshape(B, Nq, H * d)

@@ -1,0 +1,108 @@
+"""Per-token positions the way models build them, ready for ``positions=`` of ``apply_rope``,
+``RotaryEmbedding`` and ``StandardAttentionWithRoPE``.
+
+RoPE rotates each token by its position, and a batch rarely holds one plain sequence:
+
+- **Left padding** (batched generation): row b holds pads, then its tokens. A token's
+  position counts the real tokens before it, ``cumsum(mask) - 1``, so every row starts at
+  0 whatever its padding; pads get position 0 (they are masked out anyway). This is what
+  Hugging Face's ``generate`` builds (``_prepare_position_ids_for_generation``).
+- **After a KV cache**: the next tokens continue from each row's count of real tokens so
+  far, which differs between rows of a padded batch.
+- **Packed documents** (``cu_seqlens`` of FlashAttention's variable-length kernels, or
+  Hugging Face's ``DataCollatorWithFlattening``): several documents concatenated into one
+  row; positions restart at 0 at the start of each document.
+
+Every helper returns int64 positions on the device of its input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import as_int, check_count, check_int_tensor
+
+
+def positions_from_padding_mask(attention_mask: torch.Tensor, *,
+                                new_tokens: int | None = None) -> torch.Tensor:
+    """Positions of a padded batch: ``cumsum(mask) - 1`` along the sequence, 0 at pads.
+
+    Args:
+        attention_mask: ``(batch, length)``, True (or nonzero) at real tokens, False (0) at
+            pads; bool or integer. With a KV cache it covers the cached tokens and the new
+            ones, as Hugging Face's ``attention_mask`` does during generation.
+        new_tokens: return only the last ``new_tokens`` columns: the positions of the tokens
+            a decoding step adds after the cache. Default: all of them.
+
+    Returns:
+        ``(batch, length)`` (or ``(batch, new_tokens)``) int64 positions.
+    """
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                        f"{type(attention_mask).__name__}")
+    if attention_mask.ndim != 2 or attention_mask.is_floating_point() or (
+            attention_mask.is_complex()):
+        raise ValueError(f"attention_mask must be a (batch, length) bool or integer tensor "
+                         f"(True = token, False = pad), got shape "
+                         f"{tuple(attention_mask.shape)} and dtype {attention_mask.dtype}")
+    tokens = attention_mask != 0
+    positions = (tokens.long().cumsum(-1) - 1).masked_fill(~tokens, 0)
+    if new_tokens is None:
+        return positions
+    length = attention_mask.shape[-1]
+    new = as_int(new_tokens)
+    if new is None or not 0 <= new <= length:
+        raise ValueError(f"new_tokens must be an int in [0, {length}] (the mask's length), "
+                         f"got {new_tokens!r}")
+    return positions[:, length - new:]
+
+
+def positions_after_cache(new_tokens: int, offset: int | torch.Tensor, *,
+                          device: torch.device | str | None = None) -> torch.Tensor:
+    """Positions ``offset .. offset + new_tokens - 1`` of tokens that follow a KV cache.
+
+    Args:
+        new_tokens: how many tokens this step adds.
+        offset: the first new token's position: an int (every row alike; with a plain
+            ``KVCache``, its ``length``) or a ``(batch,)`` integer tensor, one per row (in a
+            left-padded batch, each row's number of real tokens so far,
+            ``attention_mask.sum(-1)``).
+        device: where the result goes when ``offset`` is an int (default: the CPU);
+            otherwise ``offset``'s device.
+
+    Returns:
+        ``(new_tokens,)`` for an int offset, ``(batch, new_tokens)`` for a tensor; int64.
+    """
+    new = check_count("new_tokens", new_tokens, zero=True)
+    if isinstance(offset, torch.Tensor) and offset.ndim == 1:
+        offset = check_int_tensor("offset", offset)
+        if offset.numel() and int(offset.min()) < 0:
+            raise ValueError(f"offset must be >= 0, got min {int(offset.min())}")
+        return offset[:, None] + torch.arange(new, device=offset.device)
+    start = as_int(offset)
+    if start is None or start < 0:
+        raise ValueError(f"offset must be a non-negative int or a (batch,) integer tensor, got "
+                         f"{offset!r}")
+    return torch.arange(start, start + new, device=device)
+
+
+def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Positions of documents packed into one sequence, restarting at 0 in each.
+
+    Args:
+        cu_seqlens: ``(documents + 1,)`` cumulative lengths, ``[0, n_0, n_0 + n_1, ...]``
+            (FlashAttention's ``cu_seqlens``, Hugging Face's ``cu_seq_lens_q``); integer,
+            starting at 0, non-decreasing.
+
+    Returns:
+        ``(cu_seqlens[-1],)`` int64: ``0 .. n_0 - 1, 0 .. n_1 - 1, ...``.
+    """
+    cu = check_int_tensor("cu_seqlens", cu_seqlens)
+    if cu.ndim != 1 or cu.numel() == 0:
+        raise ValueError(f"cu_seqlens must have shape (documents + 1,), got {tuple(cu.shape)}")
+    lengths = cu.diff()
+    if int(cu[0]) != 0 or (lengths < 0).any():
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease (cumulative document "
+                         f"lengths), got {cu.tolist()}")
+    starts = cu[:-1].repeat_interleave(lengths)
+    return torch.arange(int(cu[-1]), device=cu.device) - starts
