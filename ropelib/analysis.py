@@ -236,7 +236,7 @@ def smallest_feasible_base(context_length: int, head_dim: int = 128, *, start: f
     Raises:
         RuntimeError: when ``max_steps`` steps reach no passing base.
     """
-    context_length = _positive_int("context_length", context_length)
+    context_length = check_count("context_length", context_length)
     check_even_positive("head_dim", head_dim)
     if not (isinstance(start, (int, float, np.floating)) and math.isfinite(start) and start > 0):
         raise ValueError(f"start must be a positive, finite base, got {start!r}")

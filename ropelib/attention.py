@@ -12,6 +12,7 @@ from torch import nn
 from ._checks import as_int, check_count, check_float_tensor, check_int_tensor, check_layout, tracing
 from .masks import prepare_mask
 from .rotation import SHORT_TABLE_MODES, apply_rope
+from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
 
 
@@ -198,9 +199,14 @@ class StandardAttentionWithRoPE(nn.Module):
         num_kv_heads: key/value heads (GQA; 1 is MQA). Default: num_heads.
         bias: bias in the four projections (Hugging Face Llama: False).
         layout: ``"interleaved"`` (RoFormer, Meta Llama) or ``"half"`` (Hugging Face Llama).
-        rotary_dim: rotate only the first rotary_dim channels of each head.
+        rotary_dim: rotate only the first rotary_dim channels of each head. A
+            ``partial_rotary_factor`` p in ``scaling`` sets it as transformers does (int(p *
+            head_dim), or head_dim for ``"proportional"``); a different rotary_dim is an error.
         base, scaling, max_position_embeddings: the built-in ``RotaryEmbedding``, used when
-            ``rope_embeddings`` is not passed.
+            ``rope_embeddings`` is not passed. ``base`` defaults to the config's
+            ``rope_theta``, else 10000.
+        layer_type: the key of ``scaling`` to use when it holds one rope config per layer type
+            (e.g. ``"sliding_attention"``).
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -210,10 +216,11 @@ class StandardAttentionWithRoPE(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, *,
                  num_kv_heads: int | None = None, bias: bool = True, layout: str = "interleaved",
-                 rotary_dim: int | None = None, base: float = 10000.0,
-                 scaling: Mapping | None = None, max_position_embeddings: int = 2048,
+                 rotary_dim: int | None = None, base: float | None = None,
+                 scaling: Mapping | None = None, max_position_embeddings: int | None = None,
                  rope: bool = True, short_table: str = "raise",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 layer_type: str | None = None):
         super().__init__()
         embed_dim = check_count("embed_dim", embed_dim)
         num_heads = check_count("num_heads", num_heads)
@@ -228,7 +235,19 @@ class StandardAttentionWithRoPE(nn.Module):
         if head_dim % 2:
             raise ValueError(f"head_dim = embed_dim / num_heads = {embed_dim} / {num_heads} = "
                              f"{head_dim} must be even (RoPE rotates channel pairs)")
+        scaling = layer_parameters(scaling, layer_type) if rope else None
         rd = head_dim if rotary_dim is None else as_int(rotary_dim)
+        table_dim = head_dim  # the dim RotaryEmbedding is built for
+        if isinstance(scaling, Mapping) and scaling.get("partial_rotary_factor") is not None:
+            partial = rotated_dim(head_dim, scaling)
+            if rotary_dim is not None and rd != partial:
+                raise ValueError(f"rotary_dim={rotary_dim!r} differs from the {partial} channels "
+                                 "that scaling['partial_rotary_factor']="
+                                 f"{scaling['partial_rotary_factor']!r} rotates in a head of "
+                                 f"{head_dim}; pass only one of them")
+            rd = partial
+        else:
+            table_dim = rd
         if rd is None or rd <= 0 or rd % 2 or rd > head_dim:
             raise ValueError(f"rotary_dim must be a positive even int <= head_dim={head_dim}, "
                              f"got {rotary_dim!r}")
@@ -247,7 +266,7 @@ class StandardAttentionWithRoPE(nn.Module):
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
-        self.rotary = RotaryEmbedding(rotary_dim, base, scaling=scaling, device=device,
+        self.rotary = RotaryEmbedding(table_dim, base, scaling=scaling, device=device,
                                       max_position_embeddings=max_position_embeddings
                                       ) if rope else None
 

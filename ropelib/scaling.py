@@ -21,6 +21,23 @@ Supported ``rope_type`` values:
   sin, hence q and k).
 - ``"llama3"``: Llama 3.1's rule: wavelengths longer than L0 / low_freq_factor are divided by
   s, shorter than L0 / high_freq_factor are kept, smooth interpolation in between.
+- ``"longrope"``: LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond
+  2 Million Tokens"; Phi-3/4): one stretch factor per pair, found by search,
+  theta_i / ext_i with ext = ``long_factor`` when the current length exceeds L0 =
+  ``original_max_position_embeddings`` and ``short_factor`` otherwise; cos and sin are
+  multiplied by ``attention_factor``, by default sqrt(1 + ln s / ln L0) (1 for s <= 1).
+- ``"proportional"``: p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary
+  Positional Encodings useful?"; Gemma 4's global layers): the fastest floor(p d / 2) pairs
+  keep theta_i = base^(-2i/d), with d the whole head, the slower ones get frequency 0 (never
+  rotated); all divided by ``factor`` (default 1). The tables still cover the whole head.
+
+Transformers 5 configs carry the base inside the same dict (``rope_parameters``): the keys
+``rope_theta`` (the base) and ``partial_rotary_factor`` p are accepted by every type and mean
+what they mean in transformers. For ``"proportional"``, p picks the rotated pairs as above; for
+every other type, only the first int(p d) channels are rotated, with the spectrum of an
+int(p d)-channel head (GPT-NeoX's ``rotary_dim``: base^(-2i/(p d)) over those channels). Models
+with different RoPE per layer type (Gemma 3/4, gpt-oss) hold one such dict per layer type,
+``{"sliding_attention": {...}, "full_attention": {...}}``: ``layer_parameters`` picks one.
 
 All arithmetic is float64 on the CPU; callers cast and move the result.
 """
@@ -28,13 +45,15 @@ All arithmetic is float64 on the CPU; callers cast and move the result.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from ._checks import check_base, check_count, check_even_positive
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
+DEFAULT_BASE = 10000.0
+_EVERY_TYPE = ("rope_theta", "partial_rotary_factor")
 
 _REQUIRED = {
     "default": (),
@@ -43,6 +62,8 @@ _REQUIRED = {
     "dynamic": ("factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
     "llama3": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "proportional": (),
 }
 _OPTIONAL = {
     "default": ("factor", "original_max_position_embeddings"),
@@ -51,6 +72,8 @@ _OPTIONAL = {
     "dynamic": (),
     "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
     "llama3": ("low_freq_factor", "high_freq_factor"),
+    "longrope": ("factor", "attention_factor"),
+    "proportional": ("factor",),
 }
 
 
@@ -62,6 +85,41 @@ def default_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
     return torch.pow(torch.tensor(float(base), dtype=torch.float64), -exponents)
 
 
+def is_per_layer_type(config: object) -> bool:
+    """Whether ``config`` holds one rope config per layer type, as Gemma 3/4 and gpt-oss do:
+    a dict without a ``rope_type`` of its own whose values are all dicts (or None, a layer type
+    without RoPE), e.g. ``{"sliding_attention": {...}, "full_attention": {...}}``."""
+    return (isinstance(config, Mapping) and len(config) > 0
+            and "rope_type" not in config and "type" not in config
+            and all(v is None or isinstance(v, Mapping) for v in config.values()))
+
+
+def layer_parameters(config: Mapping | None, layer_type: str | None) -> Mapping | None:
+    """The rope config of one layer type.
+
+    A per-layer-type config (see ``is_per_layer_type``) needs ``layer_type``, one of its keys;
+    a single config (or None) is returned as it is and takes no ``layer_type``.
+    """
+    if not is_per_layer_type(config):
+        if layer_type is not None:
+            raise ValueError(f"layer_type={layer_type!r} was given, but scaling is a single rope "
+                             "config (it has a 'rope_type'), not one per layer type; leave "
+                             "layer_type=None")
+        return config
+    kinds = sorted(config)
+    if layer_type is None:
+        raise ValueError(f"scaling holds one rope config per layer type {kinds}; pass "
+                         f"layer_type= one of them, e.g. layer_type={kinds[0]!r}")
+    if layer_type not in config:
+        raise ValueError(f"layer_type must be one of the layer types in scaling, {kinds}, "
+                         f"got {layer_type!r}")
+    if config[layer_type] is None:
+        raise ValueError(f"scaling[{layer_type!r}] is None: layers of that type use no RoPE "
+                         "(NoPE); build them without it, e.g. StandardAttentionWithRoPE(..., "
+                         "rope=False)")
+    return config[layer_type]
+
+
 def rope_type(config: Mapping | None) -> str:
     """The ``rope_type`` of a scaling config (``None`` means ``"default"``)."""
     if config is None:
@@ -69,6 +127,10 @@ def rope_type(config: Mapping | None) -> str:
     if not isinstance(config, Mapping):
         raise TypeError(f"scaling must be a dict like {{'rope_type': 'linear', 'factor': 2.0}} "
                         f"or None, got {type(config).__name__}")
+    if is_per_layer_type(config):
+        raise ValueError(f"scaling holds one rope config per layer type {sorted(config)}; pick "
+                         "one, scaling[layer_type], or pass layer_type= to RotaryEmbedding / "
+                         "StandardAttentionWithRoPE")
     kind = config.get("rope_type", config.get("type"))
     if kind not in ROPE_TYPES:
         raise ValueError(f"scaling['rope_type'] must be one of {ROPE_TYPES}, got {kind!r}")
@@ -76,30 +138,41 @@ def rope_type(config: Mapping | None) -> str:
 
 
 def depends_on_length(config: Mapping | None) -> bool:
-    """Whether the frequencies of this scaling config change with the sequence length
-    (``"dynamic"``): the one place that says which rope types do. Keys rotated while the
-    sequence was shorter then no longer match the frequencies of a longer one, so
+    """Whether the frequencies of this scaling config change with the sequence length: dynamic
+    NTK (recomputed past the trained length) and LongRoPE (short factors up to the trained
+    length, long ones beyond). The one place that says which rope types do. Keys rotated while
+    the sequence was shorter then no longer match the frequencies of a longer one, so
     ``StandardAttentionWithRoPE`` caches such keys unrotated, and ``RotaryEmbedding``
     rebuilds its tables when the length moves them."""
-    return rope_type(config) in ("dynamic",)
+    return rope_type(config) in ("dynamic", "longrope")
 
 
 def _validated(config: Mapping | None) -> tuple[str, dict]:
     kind = rope_type(config)
-    params = {k: v for k, v in (config or {}).items() if k not in ("rope_type", "type")}
+    # a key set to None is absent, as transformers reads it (truncate=None stays an error)
+    params = {k: v for k, v in (config or {}).items()
+              if k not in ("rope_type", "type") and (v is not None or k == "truncate")}
     missing = [k for k in _REQUIRED[kind] if k not in params]
     if missing:
         raise ValueError(f"scaling of rope_type {kind!r} needs the key(s) {missing}; got {dict(config)}")
-    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind])
+    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind]) | set(_EVERY_TYPE)
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(f"scaling of rope_type {kind!r} does not accept the key(s) {unknown}; "
                          f"accepted keys: {sorted(allowed)}")
     if kind != "default" or "factor" in params:
         _check_number("factor", params.get("factor", 1.0), at_least=1.0)
+    if "rope_theta" in params:
+        _check_number("rope_theta", params["rope_theta"], above=1.0)
+    fraction = params.get("partial_rotary_factor")
+    if fraction is not None and not (_is_finite_number(fraction) and 0.0 < fraction <= 1.0):
+        raise ValueError("scaling['partial_rotary_factor'] must be a number p with 0 < p <= 1 "
+                         f"(the fraction of the head that rotates), got {fraction!r}")
     original = params.get("original_max_position_embeddings")
     if original is not None:
         check_count("scaling['original_max_position_embeddings']", original)
+    if params.get("attention_factor") is not None:
+        _check_number("attention_factor", params["attention_factor"], above=0.0)
     if kind == "yarn":
         beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
         _check_number("beta_fast", beta_fast, above=0.0)
@@ -108,8 +181,6 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
             raise ValueError(f"scaling['beta_fast'] ({beta_fast}) must be >= "
                              f"scaling['beta_slow'] ({beta_slow}): pairs turning more than "
                              "beta_fast times are kept, fewer than beta_slow times interpolated")
-        if params.get("attention_factor") is not None:
-            _check_number("attention_factor", params["attention_factor"], above=0.0)
         for key in ("mscale", "mscale_all_dim"):
             if params.get(key) is not None:
                 _check_number(key, params[key], at_least=0.0)
@@ -118,7 +189,59 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if kind == "llama3":
         for key, default in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0)):
             _check_number(key, params.get(key, default), above=0.0)
+    if kind == "longrope":
+        for key in ("short_factor", "long_factor"):
+            values = params[key]
+            if isinstance(values, torch.Tensor):
+                values = values.tolist()
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+                raise ValueError(f"scaling['{key}'] must be a list of numbers, one stretch factor "
+                                 f"per rotated pair, got {values!r}")
+            for i, value in enumerate(values):
+                if not (_is_finite_number(value) and value > 0):
+                    raise ValueError(f"scaling['{key}'][{i}] must be a finite number > 0 (the "
+                                     f"stretch factor of pair {i}), got {value!r}")
     return kind, params
+
+
+def rope_base(base: float | None, config: Mapping | None = None) -> float:
+    """The RoPE base: ``base``, else the config's ``rope_theta``, else 10000.
+
+    A ``base`` that differs from the config's ``rope_theta`` is a ValueError naming both.
+    ``config`` is one layer type's config (see ``layer_parameters``).
+    """
+    _, params = _validated(config)
+    theta = params.get("rope_theta")
+    if base is None:
+        return DEFAULT_BASE if theta is None else float(theta)
+    check_base(base)
+    if theta is not None and float(theta) != float(base):
+        raise ValueError(f"base={base!r} and scaling['rope_theta']={theta!r} differ: rope_theta "
+                         "is the base; pass base=None to use rope_theta (or the same value)")
+    return float(base)
+
+
+def rotated_dim(dim: int, config: Mapping | None = None) -> int:
+    """Channels of a ``dim``-channel head that the tables of ``config`` cover: 2 * len(inv_freq).
+
+    ``int(p * dim)`` for a ``partial_rotary_factor`` p (it must be even), except for
+    ``"proportional"``, whose tables always cover the whole head; ``dim`` otherwise.
+    """
+    kind, params = _validated(config)
+    check_even_positive("dim", dim)
+    return _rotated(dim, kind, params)
+
+
+def _rotated(dim: int, kind: str, params: dict) -> int:
+    fraction = params.get("partial_rotary_factor")
+    if kind == "proportional" or fraction is None:
+        return dim
+    rotated = int(dim * fraction)
+    if rotated < 2 or rotated % 2:
+        raise ValueError(f"scaling['partial_rotary_factor']={fraction!r} rotates "
+                         f"int({fraction!r} * dim) = {rotated} of dim={dim} channels; that must be "
+                         "a positive even number (RoPE rotates channel pairs)")
+    return rotated
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
@@ -126,12 +249,16 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
     return base * factor ** (dim / (dim - 2))
 
 
+def _is_finite_number(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
 def _check_number(key: str, value: object, *, at_least: float | None = None,
                   above: float | None = None) -> None:
     """A finite real number (not a bool) >= at_least or > above, else a ValueError naming
     ``scaling[key]``."""
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
-          and math.isfinite(value) and (at_least is None or value >= at_least)
+    ok = (_is_finite_number(value) and (at_least is None or value >= at_least)
           and (above is None or value > above))
     if not ok:
         bound = f">= {at_least:g}" if at_least is not None else f"> {above:g}"
@@ -200,31 +327,80 @@ def _llama3(dim: int, base: float, p: dict) -> torch.Tensor:
     return torch.where(medium, blended, inv_freq)
 
 
+def _longrope(dim: int, base: float, p: dict, seq_len: int | None,
+              max_position_embeddings: int | None) -> tuple[torch.Tensor, float]:
+    original = p["original_max_position_embeddings"]
+    factor = p.get("factor")
+    if factor is None:
+        if max_position_embeddings is None:
+            raise ValueError("scaling of rope_type 'longrope' has no 'factor': it is then "
+                             "max_position_embeddings / original_max_position_embeddings (as in "
+                             "transformers); pass max_position_embeddings=, or set "
+                             "scaling['factor']")
+        factor = max_position_embeddings / original
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = (1.0 if factor <= 1.0
+                     else math.sqrt(1.0 + math.log(factor) / math.log(original)))
+    key = "long_factor" if seq_len is not None and seq_len > original else "short_factor"
+    for name in ("short_factor", "long_factor"):
+        if len(p[name]) != dim // 2:
+            raise ValueError(f"scaling['{name}'] must hold one factor per rotated pair, "
+                             f"{dim // 2} (rotated dim {dim} / 2), got {len(p[name])} values")
+    ext = torch.tensor([float(v) for v in p[key]], dtype=torch.float64)
+    return default_frequencies(dim, base) / ext, float(attention)
+
+
+def _proportional(dim: int, base: float, p: dict) -> torch.Tensor:
+    rotated_pairs = int(p.get("partial_rotary_factor", 1.0) * dim // 2)
+    theta = default_frequencies(dim, base)
+    kept = torch.arange(dim // 2) < rotated_pairs
+    return torch.where(kept, theta, torch.zeros_like(theta)) / float(p.get("factor", 1.0))
+
+
 def scaled_frequencies(
-    dim: int, base: float = 10000.0, config: Mapping | None = None, seq_len: int | None = None,
+    dim: int, base: float | None = None, config: Mapping | None = None,
+    seq_len: int | None = None, *, max_position_embeddings: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Frequencies and attention factor for a scaling config.
 
     Args:
-        dim: rotary dimension d (even).
-        base: RoPE base (10000 in RoFormer and Llama 2).
-        config: ``None`` or a Hugging Face style ``rope_scaling`` dict (see module docstring).
-        seq_len: current sequence length; only ``"dynamic"`` uses it.
+        dim: head dimension d (even); with a ``partial_rotary_factor`` p in the config, the
+            head whose first int(p d) channels rotate (except for ``"proportional"``, see the
+            module docstring). Without p, d is the rotary dimension.
+        base: RoPE base (10000 in RoFormer and Llama 2). Default: the config's ``rope_theta``,
+            else 10000; a base that differs from ``rope_theta`` is an error.
+        config: ``None`` or a Hugging Face style ``rope_scaling`` / ``rope_parameters`` dict of
+            one layer type (see the module docstring).
+        seq_len: current sequence length; ``"dynamic"`` and ``"longrope"`` use it.
+        max_position_embeddings: the model's context length; only a ``"longrope"`` config
+            without ``factor`` uses it (factor = max_position_embeddings / L0, as in
+            transformers).
 
     Returns:
-        ``(inv_freq, attention_factor)``: inv_freq of shape ``(dim // 2,)``, float64 on the
-        CPU; attention_factor multiplies cos and sin (1.0 except for YaRN).
+        ``(inv_freq, attention_factor)``: inv_freq of shape ``(rotated_dim(dim, config) // 2,)``,
+        float64 on the CPU; attention_factor multiplies cos and sin (1.0 except for YaRN and
+        LongRoPE).
     """
     kind, p = _validated(config)
-    check_base(base)
+    base = rope_base(base, config)
+    dim = check_even_positive("dim", dim)
     if seq_len is not None:
         seq_len = check_count("seq_len", seq_len, zero=True, extra=" or None")
+    if max_position_embeddings is not None:
+        max_position_embeddings = check_count("max_position_embeddings",
+                                              max_position_embeddings, extra=" or None")
+    dim = _rotated(dim, kind, p)
     if kind in ("ntk", "dynamic") and dim == 2:
         raise ValueError(f"dim must be >= 4 for {kind!r} scaling (the base grows by "
                          "factor^(dim / (dim - 2))), got 2")
     theta = default_frequencies(dim, base)
     if kind == "default":
         return theta, 1.0
+    if kind == "proportional":
+        return _proportional(dim, base, p), 1.0
+    if kind == "longrope":
+        return _longrope(dim, base, p, seq_len, max_position_embeddings)
     factor = float(p["factor"])
     if kind == "linear":
         return theta / factor, 1.0

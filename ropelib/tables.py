@@ -15,21 +15,32 @@ import torch
 from torch import nn
 
 from ._checks import check_count, check_even_positive, check_int_tensor, tracing
-from .scaling import depends_on_length, rope_type, scaled_frequencies
+from .scaling import (
+    depends_on_length,
+    layer_parameters,
+    rope_base,
+    rope_type,
+    scaled_frequencies,
+)
 
 _TABLE_DTYPES = (torch.float32, torch.float64)
 
 
 def rope_frequencies(
-    dim: int, base: float = 10000.0, *, scaling: Mapping | None = None,
+    dim: int, base: float | None = None, *, scaling: Mapping | None = None,
     seq_len: int | None = None, device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, max_position_embeddings: int | None = None,
 ) -> torch.Tensor:
     """inv_freq theta_i = base^(-2i/dim), shape ``(dim // 2,)``, rescaled by ``scaling``.
 
-    ``seq_len`` is the current length, used only by ``{"rope_type": "dynamic"}``.
+    ``base`` defaults to the config's ``rope_theta``, else 10000. With a
+    ``partial_rotary_factor`` in ``scaling`` the shape is ``(rotated_dim(dim, scaling) // 2,)``
+    (see ``ropelib.scaling``). ``seq_len`` is the current length, used by ``"dynamic"`` and
+    ``"longrope"``; ``max_position_embeddings`` only by a ``"longrope"`` config without
+    ``factor``.
     """
-    inv_freq, _ = scaled_frequencies(dim, base, scaling, seq_len=seq_len)
+    inv_freq, _ = scaled_frequencies(dim, base, scaling, seq_len=seq_len,
+                                     max_position_embeddings=max_position_embeddings)
     return inv_freq.to(device=device, dtype=dtype)
 
 
@@ -44,29 +55,34 @@ def _angles_to_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention
 
 
 def generate_rope_embeddings(
-    seq_len: int, head_dim: int, base: float = 10000.0,
+    seq_len: int, head_dim: int, base: float | None = None,
     device: torch.device | str | None = None, *, positions: torch.Tensor | None = None,
     scaling: Mapping | None = None, dtype: torch.dtype = torch.float32,
+    max_position_embeddings: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for positions 0 .. seq_len - 1 (or the given ``positions``).
 
     ``cos[m, i] = cos(m * theta_i)`` and ``sin[m, i] = sin(m * theta_i)`` with
     theta_i = base^(-2i/head_dim). Pass the rotary dimension as ``head_dim`` for a partial
-    rotation.
+    rotation, or the head dimension and a ``partial_rotary_factor`` in ``scaling``.
 
     Args:
         seq_len: number of positions.
         head_dim: per-head dimension d (even).
-        base: RoPE base.
+        base: RoPE base; default the config's ``rope_theta``, else 10000.
         device: where the tables go (computed in float64 on the CPU first).
         positions: optional ``(seq_len,)`` positions (integer or float) instead of
             ``0 .. seq_len - 1``.
-        scaling: optional context-extension config (see ``ropelib.scaling``); YaRN's
-            attention factor multiplies both tables.
+        scaling: optional rope config of one layer type (see ``ropelib.scaling``); the
+            attention factor of YaRN and LongRoPE multiplies both tables. The current length
+            (``seq_len``, or the largest position + 1) picks dynamic NTK's frequencies and
+            LongRoPE's short or long factors.
         dtype: float32 (default) or float64.
+        max_position_embeddings: only for a ``"longrope"`` config without ``factor``.
 
     Returns:
-        ``(cos, sin)``, each ``(seq_len, head_dim // 2)``.
+        ``(cos, sin)``, each ``(seq_len, rotated_dim // 2)``: ``head_dim // 2`` columns
+        unless ``scaling`` has a ``partial_rotary_factor`` (``ropelib.scaling.rotated_dim``).
     """
     seq_len = check_count("seq_len", seq_len, zero=True)
     head_dim = check_even_positive("head_dim", head_dim)
@@ -86,7 +102,8 @@ def generate_rope_embeddings(
             positions = check_int_tensor("positions", positions)
         # the length dynamic scaling sees: positions up to the largest one (none if all < 0)
         current_len = max(int(positions.max().item()) + 1, 0) if seq_len else 0
-    inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len)
+    inv_freq, factor = scaled_frequencies(head_dim, base, scaling, seq_len=current_len,
+                                          max_position_embeddings=max_position_embeddings)
     return _angles_to_tables(positions, inv_freq, factor, device, dtype)
 
 
@@ -95,10 +112,13 @@ class RotaryEmbedding(nn.Module):
 
     The cache covers positions ``0 .. cached_len - 1``. A request beyond it regrows the cache
     (to at least twice its length), a shorter request reuses it; it is never recomputed per
-    call. When the frequencies depend on the length (``ropelib.scaling.depends_on_length``,
-    e.g. ``{"rope_type": "dynamic"}``), the cache is rebuilt for every new maximum length
-    above the trained one and reset to the original frequencies when a sequence no longer
-    than the trained length comes (the behaviour of Hugging Face's dynamic NTK).
+    call. When the frequencies depend on the length (``ropelib.scaling.depends_on_length``)
+    the cache follows Hugging Face: with ``{"rope_type": "dynamic"}`` it is rebuilt for every
+    new maximum length above the trained one and reset to the original frequencies when a
+    sequence no longer than the trained length comes (dynamic NTK); with
+    ``{"rope_type": "longrope"}`` it is rebuilt with the long factors when a request exceeds
+    the trained length ``original_max_position_embeddings`` and with the short ones when a
+    request no longer than it comes (the switch of Phi-3).
 
     Under ``torch.compile``, ``torch.export`` and ``torch.jit.trace`` the cache is neither
     read nor grown: ``tables`` and ``forward`` compute the rows they return in the recorded
@@ -108,38 +128,49 @@ class RotaryEmbedding(nn.Module):
     the traced length, refuses it.
 
     Args:
-        dim: rotary dimension (head_dim, or rotary_dim for a partial rotation).
-        base: RoPE base.
-        scaling: optional context-extension config.
-        max_position_embeddings: initial cache length.
+        dim: rotary dimension (head_dim, or rotary_dim for a partial rotation); the head
+            dimension when ``scaling`` has a ``partial_rotary_factor``.
+        base: RoPE base; default the config's ``rope_theta``, else 10000.
+        scaling: optional rope config (``rope_scaling`` or transformers-5 ``rope_parameters``),
+            or one per layer type with ``layer_type``.
+        max_position_embeddings: initial cache length (default 2048); a ``"longrope"`` config
+            without ``factor`` takes factor = max_position_embeddings / L0, as transformers does.
         device: device of the buffers.
+        layer_type: the key of ``scaling`` to use when it holds one config per layer type
+            (e.g. ``"full_attention"``).
 
     ``dynamic`` says whether the frequencies depend on the length
     (``ropelib.scaling.depends_on_length(scaling)``).
 
-    Buffers (not saved in state dicts): ``inv_freq`` ``(dim // 2,)`` float32, ``cos_cached``
-    and ``sin_cached`` ``(cached_len, dim // 2)`` float32 (float64 after ``double()``), the
-    dtype and layout the kernel reads. They belong to the module: they are rebuilt when the
-    cache grows, after ``to()`` / ``to_empty()`` and by ``reset_parameters()``.
+    Buffers (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32, ``cos_cached``
+    and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after ``double()``), the
+    dtype and layout the kernel reads; pairs = ``rotated_dim(dim, scaling) // 2``. They
+    belong to the module: they are rebuilt when the cache grows, after ``to()`` /
+    ``to_empty()`` and by ``reset_parameters()``.
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, *, scaling: Mapping | None = None,
-                 max_position_embeddings: int = 2048,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, dim: int, base: float | None = None, *, scaling: Mapping | None = None,
+                 max_position_embeddings: int | None = None,
+                 device: torch.device | str | None = None,
+                 layer_type: str | None = None) -> None:
         super().__init__()
         dim = check_even_positive("dim", dim)
-        max_position_embeddings = check_count("max_position_embeddings",
-                                              max_position_embeddings)
-        self.dim, self.base, self.scaling = dim, float(base), scaling
+        if max_position_embeddings is not None:
+            max_position_embeddings = check_count("max_position_embeddings",
+                                                  max_position_embeddings, extra=" or None")
+        scaling = layer_parameters(scaling, layer_type)
+        self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
+        self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
-        self.register_buffer("inv_freq", rope_frequencies(dim, base, scaling=scaling,
-                                                          device=device), persistent=False)
-        empty = torch.empty(0, dim // 2, device=device)
+        self.register_buffer("inv_freq", rope_frequencies(
+            dim, self.base, scaling=scaling, device=device,
+            max_position_embeddings=max_position_embeddings), persistent=False)
+        empty = torch.empty(0, self.inv_freq.shape[0], device=device)
         self.register_buffer("cos_cached", empty, persistent=False)
         self.register_buffer("sin_cached", empty.clone(), persistent=False)
         self._scaled_for: int | None = None
         self._table_dtype = torch.float32  # of cos_cached and sin_cached, read without them
-        self._build(max_position_embeddings)
+        self._build(max_position_embeddings or 2048)
 
     @property
     def cached_len(self) -> int:
@@ -148,7 +179,7 @@ class RotaryEmbedding(nn.Module):
     def _build(self, length: int, freq_len: int | None = None,
                device: torch.device | None = None) -> None:
         """New tables for positions ``0 .. length - 1`` (frequencies for ``freq_len``, the
-        dynamic rule's length) on ``device`` (default: where the tables are), in float64 if
+        length dynamic NTK and LongRoPE see) on ``device`` (default: where the tables are), in float64 if
         they are float64 (``double()``) and float32 otherwise.
         They are ordinary tensors even inside ``torch.inference_mode()`` (decoding there grows
         the cache), so the module trains afterwards."""
@@ -156,8 +187,9 @@ class RotaryEmbedding(nn.Module):
         dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
         self._table_dtype = dtype
         with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
-            inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling,
-                                                  seq_len=freq_len)
+            inv_freq, factor = scaled_frequencies(
+                self.dim, self.base, self.scaling, seq_len=freq_len,
+                max_position_embeddings=self.max_position_embeddings)
             positions = torch.arange(length, dtype=torch.float64)
             self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
                                                                  device, dtype)
@@ -184,6 +216,13 @@ class RotaryEmbedding(nn.Module):
                 self._build(max(length, 2 * self.cached_len))
             return
         original = self.scaling["original_max_position_embeddings"]
+        if rope_type(self.scaling) == "longrope":  # the long factors above the trained length
+            long = length > original
+            if long != (self._scaled_for is not None):
+                self._build(max(length, self.cached_len), freq_len=length if long else None)
+            elif length > self.cached_len:
+                self._build(max(length, 2 * self.cached_len), self._scaled_for)
+            return
         if length > original and length > (self._scaled_for or original):
             self._build(length, freq_len=length)
         elif length <= original and self._scaled_for is not None:
@@ -251,6 +290,8 @@ class RotaryEmbedding(nn.Module):
                                  "freeze those of the traced length. Use torch.export or "
                                  "torch.compile, which check the length")
             freq_len = int(length)
-        inv_freq, factor = scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len)
+        inv_freq, factor = scaled_frequencies(
+            self.dim, self.base, self.scaling, seq_len=freq_len,
+            max_position_embeddings=self.max_position_embeddings)
         return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
                                  positions.device, self._table_dtype)

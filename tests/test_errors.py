@@ -50,6 +50,15 @@ def yarn(**params):
     return {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, **params}
 
 
+def longrope(**params):
+    return {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+            "original_max_position_embeddings": 16, "factor": 4.0, **params}
+
+
+PER_LAYER = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                "rope_theta": 1e6}}
+
 X = torch.randn(2, 5, 16)  # (B, N, D) for attn()
 
 CASES = {
@@ -248,8 +257,8 @@ CASES = {
         r"dtype must be one of .*float32.*float64.*got torch.bfloat16"),
     # ---- scaling configs
     "unknown rope_type": (
-        lambda: scaled_frequencies(8, 10000.0, {"rope_type": "longrope", "factor": 2.0}), ValueError,
-        r"scaling\['rope_type'\] must be one of .*got 'longrope'"),
+        lambda: scaled_frequencies(8, 10000.0, {"rope_type": "ntk-by-parts", "factor": 2.0}),
+        ValueError, r"scaling\['rope_type'\] must be one of .*got 'ntk-by-parts'"),
     "missing scaling key": (
         lambda: generate_rope_embeddings(4, 8, scaling={"rope_type": "yarn", "factor": 4.0}), ValueError,
         r"scaling of rope_type 'yarn' needs the key\(s\) \['original_max_position_embeddings'\]"),
@@ -312,6 +321,75 @@ CASES = {
     "ntk with dim 2 (division by zero)": (
         lambda: scaled_frequencies(2, 1e4, {"rope_type": "ntk", "factor": 2.0}), ValueError,
         r"dim must be >= 4 for 'ntk' scaling"),
+    # ---- issue 24: the transformers-5 rope types and keys
+    "longrope short_factor of the wrong length": (
+        lambda: scaled_frequencies(8, config=longrope(short_factor=[1.0, 1.0, 1.0])), ValueError,
+        r"scaling\['short_factor'\] must hold one factor per rotated pair, 4 \(rotated dim 8 / "
+        r"2\), got 3 values"),
+    "longrope factors for the whole head under a partial rotation": (
+        lambda: scaled_frequencies(8, config=longrope(partial_rotary_factor=0.5)), ValueError,
+        r"scaling\['short_factor'\] must hold one factor per rotated pair, 2 \(rotated dim 4 / "
+        r"2\), got 4 values"),
+    "longrope negative pair factor": (
+        lambda: generate_rope_embeddings(3, 8, scaling=longrope(long_factor=[1.0, -2.0, 1.0, 1.0])),
+        ValueError, r"scaling\['long_factor'\]\[1\] must be a finite number > 0 \(the stretch "
+        r"factor of pair 1\), got -2.0"),
+    "longrope NaN pair factor": (
+        lambda: RotaryEmbedding(8, scaling=longrope(short_factor=[float("nan")] * 4)), ValueError,
+        r"scaling\['short_factor'\]\[0\] must be a finite number > 0.*got nan"),
+    "longrope factors not a list": (
+        lambda: rope_frequencies(8, scaling=longrope(short_factor="1.0")), ValueError,
+        r"scaling\['short_factor'\] must be a list of numbers.*got '1.0'"),
+    "longrope negative factor": (
+        lambda: scaled_frequencies(8, config=longrope(factor=-4.0)), ValueError,
+        r"scaling\['factor'\] must be a finite number >= 1, got -4.0"),
+    "longrope NaN attention_factor": (
+        lambda: scaled_frequencies(8, config=longrope(attention_factor=float("nan"))), ValueError,
+        r"scaling\['attention_factor'\] must be a finite number > 0, got nan"),
+    "longrope unknown key lists the accepted ones": (
+        lambda: scaled_frequencies(8, config=longrope(beta_fast=32.0)), ValueError,
+        r"rope_type 'longrope' does not accept the key\(s\) \['beta_fast'\]; accepted keys: "
+        r"\['attention_factor', 'factor', 'long_factor', 'original_max_position_embeddings', "
+        r"'partial_rotary_factor', 'rope_theta', 'short_factor'\]"),
+    "proportional NaN factor": (
+        lambda: scaled_frequencies(8, config={"rope_type": "proportional", "factor": float("nan")}),
+        ValueError, r"scaling\['factor'\] must be a finite number >= 1, got nan"),
+    "proportional p = 0": (
+        lambda: scaled_frequencies(8, config={"rope_type": "proportional",
+                                              "partial_rotary_factor": 0.0}),
+        ValueError, r"scaling\['partial_rotary_factor'\] must be a number p with 0 < p <= 1 "
+        r"\(the fraction of the head that rotates\), got 0.0"),
+    "partial_rotary_factor above 1": (
+        lambda: StandardAttentionWithRoPE(16, 2, scaling={"rope_type": "default",
+                                                          "partial_rotary_factor": 1.5}),
+        ValueError, r"scaling\['partial_rotary_factor'\] must be a number p with 0 < p <= 1.*"
+        r"got 1.5"),
+    "partial_rotary_factor NaN": (
+        lambda: rope_frequencies(8, scaling={"rope_type": "linear", "factor": 2.0,
+                                             "partial_rotary_factor": float("nan")}),
+        ValueError, r"scaling\['partial_rotary_factor'\] must be a number p.*got nan"),
+    "partial_rotary_factor giving an odd rotated dim": (
+        lambda: rope_frequencies(12, scaling={"rope_type": "default", "partial_rotary_factor": 0.25}),
+        ValueError, r"scaling\['partial_rotary_factor'\]=0.25 rotates int\(0.25 \* dim\) = 3 of "
+        r"dim=12 channels; that must be a positive even number"),
+    "rope_theta not above 1": (
+        lambda: rope_frequencies(8, scaling={"rope_type": "default", "rope_theta": 0.5}),
+        ValueError, r"scaling\['rope_theta'\] must be a finite number > 1, got 0.5"),
+    "per-layer-type dict where one config is expected": (
+        lambda: generate_rope_embeddings(4, 8, scaling=PER_LAYER), ValueError,
+        r"scaling holds one rope config per layer type \['full_attention', 'sliding_attention'\]"
+        r"; pick one, scaling\[layer_type\], or pass layer_type="),
+    "per-layer-type dict without layer_type": (
+        lambda: RotaryEmbedding(8, scaling=PER_LAYER), ValueError,
+        r"scaling holds one rope config per layer type \['full_attention', 'sliding_attention'\]"
+        r"; pass layer_type= one of them, e.g. layer_type='full_attention'"),
+    "layer_type for a single config": (
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "default"}, layer_type="full_attention"),
+        ValueError, r"layer_type='full_attention' was given, but scaling is a single rope config"),
+    "layer type without RoPE": (
+        lambda: attn(scaling={**PER_LAYER, "full_attention": None}, layer_type="full_attention"),
+        ValueError, r"scaling\['full_attention'\] is None: layers of that type use no RoPE "
+        r"\(NoPE\); build them without it, e.g. StandardAttentionWithRoPE\(..., rope=False\)"),
     "bool offset": (
         lambda: apply_rope(x_of(2, 2, 8), *tables(5, 8), offset=True), ValueError,
         r"offset must be a non-negative int, got True"),

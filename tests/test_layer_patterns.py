@@ -1,0 +1,164 @@
+"""Chapter 13's book support: per-layer position schemes, the counting task, the band split."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import torch
+from reference import angles, attention_module_reference, rope_by_matrix, thetas
+
+from ropelib.book.layer_patterns import (
+    VARIANTS,
+    PatternConfig,
+    PatternDecoder,
+    accuracy_by_length,
+    attention_stack,
+    counting_batch,
+    layer_inputs,
+    pair_contributions,
+    train,
+    variant_layers,
+)
+from ropelib.book.toy import IGNORE, lookback_batch
+
+F64 = torch.float64
+
+
+def test_variant_layers_name_the_five_schemes():
+    assert variant_layers("full RoPE", 2) == ({"rope_type": "default", "rope_theta": 1e4},) * 2
+    assert variant_layers("NoPE", 3) == (None, None, None)
+    mixed = variant_layers("3:1 RoPE/NoPE", 8)
+    assert [layer is None for layer in mixed] == [False, False, False, True] * 2
+    assert variant_layers("partial 25%", 1)[0]["partial_rotary_factor"] == 0.25
+    assert variant_layers("p-RoPE 25%", 1)[0]["rope_type"] == "proportional"
+    assert set(VARIANTS) == {"full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE"}
+    with pytest.raises(ValueError, match=r"name must be one of .*got 'RoPE'"):
+        variant_layers("RoPE", 2)
+    with pytest.raises(ValueError, match=r"num_layers must be a positive int, got 0"):
+        variant_layers("NoPE", 0)
+
+
+def test_attention_stack_builds_each_layer_from_its_config():
+    stack = attention_stack(16, 2, [None, {"rope_type": "default", "rope_theta": 500.0},
+                                    {"rope_type": "proportional", "partial_rotary_factor": 0.5}])
+    assert stack[0].rotary is None
+    assert stack[1].rotary.base == 500.0 and stack[1].rotary_dim == 8
+    assert stack[2].rotary_dim == 8  # p-RoPE: tables over the whole head
+    torch.testing.assert_close(stack[2].rotary.inv_freq.double(),
+                               torch.cat([thetas(8)[:2], torch.zeros(2, dtype=F64)]),
+                               rtol=1e-6, atol=0)
+
+
+def test_decoder_layers_use_their_own_position_scheme():
+    torch.manual_seed(0)
+    model = PatternDecoder(PatternConfig(layers=variant_layers("p-RoPE 25%", 2), embed_dim=32,
+                                         num_heads=2, vocab_size=8, max_distance=4)).double()
+    x = torch.randn(2, 9, 32, dtype=F64)
+    inv = thetas(16).clone()
+    inv[2:] = 0.0  # floor(0.25 * 16 / 2) = 2 rotating pairs
+    a = angles(torch.arange(9), inv)
+    expected, _ = attention_module_reference(model.attns[0], x, x, x, a, a, causal=True)
+    torch.testing.assert_close(model.attns[0](x, x, x, is_causal=True), expected,
+                               rtol=1e-10, atol=1e-10)
+    tokens, distances, _ = lookback_batch(2, 9, 8, 4, generator=torch.Generator().manual_seed(0))
+    assert model(tokens, distances).shape == (2, 9, 8)
+    with pytest.raises(ValueError, match=r"distances must be \(batch, seq\) = \(2, 9\)"):
+        model(tokens)
+
+
+def test_counting_batch_and_the_symmetry_without_a_mask():
+    tokens, targets = counting_batch(5, 6, 10, generator=torch.Generator().manual_seed(0))
+    assert (tokens[:, 0] == 0).all() and (tokens[:, 1:] == tokens[:, 1:2]).all()
+    assert (tokens[:, 1] >= 1).all() and torch.equal(targets[0], torch.arange(6))
+    torch.manual_seed(0)
+    model = PatternDecoder(PatternConfig(layers=(None, None), vocab_size=10, max_distance=0,
+                                         embed_dim=16, num_heads=2))
+    with torch.no_grad():
+        both = model(tokens, causal=False)
+        causal = model(tokens)
+    # without the mask every position after the first sees the same tokens: same output
+    torch.testing.assert_close(both[:, 2:], both[:, 1:2].expand_as(both[:, 2:]))
+    assert (causal[:, 2:] - causal[:, 1:2]).abs().amax() > 1e-3
+    with pytest.raises(ValueError, match=r"length \(11\) must be <= vocab_size \(10\)"):
+        counting_batch(1, 11, 10)
+
+
+def test_train_is_reproducible_and_learns_the_counting_task():
+    def run():
+        torch.manual_seed(0)
+        model = PatternDecoder(PatternConfig(layers=(None,), vocab_size=6, max_distance=0,
+                                             embed_dim=16, num_heads=2))
+        seen = []
+        losses = train(model, partial(counting_batch, 8, 6, 6), 40, seed=3, lr=1e-2,
+                       progress=lambda steps: (seen.append(1) or s for s in steps))
+        return losses, seen
+
+    first, seen = run()
+    second, _ = run()
+    assert first == second and len(first) == 40 and len(seen) == 40
+    assert sum(first[-5:]) / 5 < 0.5 * math.log(6)
+
+
+def test_accuracy_by_length_counts_only_queries_with_targets():
+    class Oracle(torch.nn.Module):  # answers every look-back query right
+        config = PatternConfig(layers=(None,), vocab_size=5, max_distance=3)
+
+        def forward(self, tokens, distances):
+            source = (torch.arange(tokens.shape[1]) - distances).clamp(min=0)
+            right = torch.gather(tokens, 1, source)
+            return torch.nn.functional.one_hot(right, 5).float()
+
+    assert accuracy_by_length(Oracle(), [8, 16], tokens_per_length=64, seed=0,
+                              from_position=3) == [1.0, 1.0]
+    _, _, targets = lookback_batch(8, 8, 5, 3, generator=torch.Generator().manual_seed(0))
+    assert (targets[:, :1] == IGNORE).all()
+
+
+def test_pair_contributions_sum_to_the_score_and_match_rotation_matrices():
+    torch.manual_seed(1)
+    model = PatternDecoder(PatternConfig(layers=variant_layers("full RoPE", 2), embed_dim=32,
+                                         num_heads=2, vocab_size=8, max_distance=4))
+    tokens, distances, _ = lookback_batch(3, 12, 8, 4, generator=torch.Generator().manual_seed(2))
+    x = layer_inputs(model, tokens, distances)[1]
+    attn = model.attns[1]
+    w_q, b_q = attn.q_proj.weight.detach().to(F64), attn.q_proj.bias.detach().to(F64)
+    w_k, b_k = attn.k_proj.weight.detach().to(F64), attn.k_proj.bias.detach().to(F64)
+    q = (x.to(F64) @ w_q.T + b_q).unflatten(-1, (2, 16)).transpose(1, 2)
+    k = (x.to(F64) @ w_k.T + b_k).unflatten(-1, (2, 16)).transpose(1, 2)
+    table = angles(torch.arange(12), thetas(16))
+    q_rot, k_rot = rope_by_matrix(q, table), rope_by_matrix(k, table)  # RoFormer's R_m
+
+    def per_pair(a, b, dist):
+        return (a[..., dist:, :] * b[..., :12 - dist, :]).unflatten(-1, (8, 2)).sum(-1)
+
+    for dist in (0, 1, 5, 11):
+        rotated, plain = pair_contributions(attn, x, dist)
+        assert rotated.shape == (3, 2, 12 - dist, 8)
+        torch.testing.assert_close(rotated.to(F64), per_pair(q_rot, k_rot, dist),
+                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(plain.to(F64), per_pair(q, k, dist), rtol=1e-4, atol=1e-5)
+        score = (q_rot[..., dist:, :] * k_rot[..., :12 - dist, :]).sum(-1)
+        torch.testing.assert_close(rotated.sum(-1).to(F64), score, rtol=1e-4, atol=1e-5)
+    rotated, plain = pair_contributions(attn, x, 0)
+    torch.testing.assert_close(rotated, plain)  # distance 0: the rotation cancels
+    with pytest.raises(ValueError, match=r"distance must be an int in 0 .. 11, got 12"):
+        pair_contributions(attn, x, 12)
+    nope = PatternDecoder(PatternConfig(layers=(None,), embed_dim=32, num_heads=2))
+    with pytest.raises(ValueError, match=r"attn must rotate"):
+        pair_contributions(nope.attns[0], x, 0)
+
+
+def test_layer_inputs_are_what_the_blocks_read():
+    torch.manual_seed(0)
+    model = PatternDecoder(PatternConfig(layers=variant_layers("3:1 RoPE/NoPE", 4), embed_dim=16,
+                                         num_heads=2, vocab_size=8, max_distance=4))
+    tokens, distances, _ = lookback_batch(2, 10, 8, 4, generator=torch.Generator().manual_seed(0))
+    inputs = layer_inputs(model, tokens, distances)
+    h = model.embed(tokens, distances)
+    for i in range(4):
+        torch.testing.assert_close(inputs[i], model.attn_norms[i](h))
+        h = model.block(i, h)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, distances), model.readout(model.out_norm(h)))
