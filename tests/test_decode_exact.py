@@ -1,6 +1,6 @@
 """Decoding stays exact when the frequencies change (issue 24, section 3).
 
-Dynamic NTK changes every frequency once the sequence is longer than the trained length, and
+Dynamic NTK and LongRoPE change every frequency once the sequence is longer than the trained length, and
 again at every step after that. Keys cached with the old frequencies would make step-by-step
 decoding differ from the full forward (Hugging Face's issue 25104). Here, at every decode
 step, the module's output must equal what an independent float64 causal forward over the
@@ -28,13 +28,17 @@ CONFIGS = {  # one config per rope type; a new rope type must add its own here
     "dynamic": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": L0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
     "llama3": {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": L0},
+    "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": L0,
+                 "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.0, 2.0, 5.0, 11.0]},
+    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
 }
 
 
 def test_every_rope_type_is_covered():
     assert set(CONFIGS) == set(ROPE_TYPES)
-    assert depends_on_length(CONFIGS["dynamic"])
-    assert not any(depends_on_length(CONFIGS[k]) for k in ("default", "linear", "yarn"))
+    assert depends_on_length(CONFIGS["dynamic"]) and depends_on_length(CONFIGS["longrope"])
+    assert not any(depends_on_length(CONFIGS[k])
+                   for k in ("default", "linear", "yarn", "proportional"))
 
 
 def full_forward_last(module, x: torch.Tensor, positions: torch.Tensor, length: int,
