@@ -11,6 +11,7 @@ from .attention import KVCache, StandardAttentionWithRoPE
 from .layouts import convert_activations, convert_meta_attention_state_dict, convert_qk_weight
 from .linear_attention import linear_attention
 from .masks import causal_mask
+from .multiaxis import RoPEMixed, axis_frequencies, axis_tables, mrope_positions
 from .rotation import apply_rope
 from .scaling import scaled_frequencies
 from .tables import RotaryEmbedding, generate_rope_embeddings, rope_frequencies
@@ -19,15 +20,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVCache",
+    "RoPEMixed",
     "RotaryEmbedding",
     "StandardAttentionWithRoPE",
     "apply_rope",
+    "axis_frequencies",
+    "axis_tables",
     "causal_mask",
     "convert_activations",
     "convert_meta_attention_state_dict",
     "convert_qk_weight",
     "generate_rope_embeddings",
     "linear_attention",
+    "mrope_positions",
     "rope_frequencies",
     "scaled_frequencies",
 ]

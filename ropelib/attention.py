@@ -146,6 +146,9 @@ class StandardAttentionWithRoPE(nn.Module):
         rotary_dim: rotate only the first rotary_dim channels of each head.
         base, scaling, max_position_embeddings: the built-in ``RotaryEmbedding``, used when
             ``rope_embeddings`` is not passed.
+        frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``
+            frequency matrix, e.g. ``axis_frequencies(128, [16, 24, 24])`` for Qwen2-VL's
+            M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``.
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -158,7 +161,8 @@ class StandardAttentionWithRoPE(nn.Module):
                  rotary_dim: int | None = None, base: float = 10000.0,
                  scaling: Mapping | None = None, max_position_embeddings: int = 2048,
                  rope: bool = True, short_table: str = "raise",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 frequencies: torch.Tensor | None = None):
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -194,9 +198,11 @@ class StandardAttentionWithRoPE(nn.Module):
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        if frequencies is not None and not rope:
+            raise ValueError("frequencies (multi-axis RoPE) need rope=True")
         self.rotary = RotaryEmbedding(rotary_dim, base, scaling=scaling, device=device,
-                                      max_position_embeddings=max_position_embeddings
-                                      ) if rope else None
+                                      max_position_embeddings=max_position_embeddings,
+                                      frequencies=frequencies) if rope else None
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -222,6 +228,8 @@ class StandardAttentionWithRoPE(nn.Module):
                                  "generate_rope_embeddings(seq_len, head_dim)")
             cos, sin = rope_embeddings
         elif self.rotary is not None:
+            if self.rotary.num_axes > 1 and (positions is not None or key_positions is not None):
+                return self._rotate_axes(q, k, positions, key_positions, offset)
             ends = [offset + max(q.shape[-2], k.shape[-2])]
             ends += [int(p.max()) + 1 for p in (positions, key_positions)
                      if p is not None and p.numel()]
@@ -237,6 +245,30 @@ class StandardAttentionWithRoPE(nn.Module):
         k = apply_rope(k, cos, sin, positions=key_positions,
                        offset=offset if key_positions is None else 0, **kw)
         return q, k
+
+    def _rotate_axes(self, q, k, positions, key_positions, offset):
+        """Multi-axis positions ``(N, k)`` or ``(B, N, k)``: each token's rows gathered (or
+        computed) by ``self.rotary``; missing positions are the diagonal from ``offset``."""
+        if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
+            key_positions = positions
+        rotated = []
+        for name, x, p in (("positions", q, positions), ("key_positions", k, key_positions)):
+            seq = x.shape[-2]
+            if p is None:
+                p = (offset + torch.arange(seq, device=x.device))[:, None].expand(
+                    seq, self.rotary.num_axes)
+            if not isinstance(p, torch.Tensor) or p.ndim not in (2, 3) or p.shape[-2] != seq or (
+                    p.ndim == 3 and p.shape[0] not in (1, x.shape[0])):
+                seen = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+                raise ValueError(f"{name} must have shape ({seq}, {self.rotary.num_axes}) or "
+                                 f"(batch, {seq}, {self.rotary.num_axes}) for multi-axis RoPE, "
+                                 f"got {seen}")
+            cos, sin = self.rotary(positions=p)
+            cos, sin = (cos[None, None], sin[None, None]) if p.ndim == 2 else (
+                cos[:, None], sin[:, None])
+            rotated.append(apply_rope(x, cos.to(x.device), sin.to(x.device), layout=self.layout,
+                                      rotary_dim=self.rotary_dim))
+        return tuple(rotated)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -255,6 +287,8 @@ class StandardAttentionWithRoPE(nn.Module):
                 this takes the explicit path instead of ``scaled_dot_product_attention``.
             is_causal: causal mask, lower-right aligned when Nq < Nk.
             positions: query positions ``(Nq,)`` or ``(B, Nq)``; default offset + 0..Nq-1.
+                With multi-axis ``frequencies``: ``(Nq, k)`` or ``(B, Nq, k)``, default the
+                diagonal (offset + 0..Nq-1 on every axis: text).
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).
