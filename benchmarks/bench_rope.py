@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_rope.py            # CPU (and CUDA when available)
     .venv/bin/python benchmarks/bench_rope.py --quick    # small shape only, fewer repeats
+    .venv/bin/python benchmarks/bench_rope.py --only-mrope --device cpu  # M-RoPE rows only
 
 Everything in one table is measured in one run, round-robin (see ropelib.book.bench), and printed
 as the median time, the ratio to ``clone`` and to ``copy_`` into a preallocated buffer, and
@@ -23,11 +24,15 @@ from ropelib.attention import KVCache, StandardAttentionWithRoPE
 from ropelib.book import bench
 from ropelib.book.timing import fit_power_law
 from ropelib.linear_attention import linear_attention
+from ropelib.multiaxis import mrope_positions
 from ropelib.native import native_status
 from ropelib.rotation import apply_rope
 
 SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
 DTYPES = (torch.float32, torch.bfloat16)
+MROPE_SHAPE = (1, 16, 4096, 128)
+# a text / image / text / video / text sequence of 4096 tokens (Qwen2-VL's 2 x 2 merge)
+MROPE_SEGMENTS = [1000, (1, 64, 64), 50, (4, 32, 48), 486]
 
 
 def print_table(title: str, medians: dict[str, float], nbytes: int, compile_s: dict | None = None
@@ -52,6 +57,17 @@ def forward_table(x: torch.Tensor, layout: str, repeats: int, compile_peers: boo
     medians = bench.time_round_robin(cases, x.device, repeats=repeats)
     print_table(f"forward, {layout}, {x.dtype}, {tuple(x.shape)}, {x.device}", medians,
                 bench.bytes_moved(x), compile_s)
+
+
+def mrope_table(x: torch.Tensor, repeats: int) -> None:
+    """Qwen2-VL's M-RoPE (sections 16/24/24, half layout) on a mixed sequence."""
+    positions = mrope_positions(MROPE_SEGMENTS, spatial_merge_size=2).to(x.device)
+    medians = bench.time_round_robin(bench.mrope_candidates(x, positions, [16, 24, 24]),
+                                     x.device, repeats=repeats)
+    print_table(f"M-RoPE forward, half, {x.dtype}, {tuple(x.shape)}, {x.device}, t up to "
+                f"{int(positions[:, 0].max())}", medians, bench.bytes_moved(x))
+    print(f"  hf_mrope / ropelib M-RoPE = {medians['hf_mrope'] / medians['ropelib M-RoPE']:.2f}, "
+          f"ropelib M-RoPE / clone = {medians['ropelib M-RoPE'] / medians['clone']:.2f}")
 
 
 def backward_table(x: torch.Tensor, layout: str, repeats: int) -> None:
@@ -89,26 +105,35 @@ def one_table(spec: str, device: torch.device, repeats: int, compile_peers: bool
         getattr(torch, dtype))
     if kind == "forward":
         forward_table(x, layout, repeats, compile_peers)
+    elif kind == "mrope":
+        mrope_table(x, repeats)
     else:
         backward_table(x, layout, repeats)
 
 
-def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool) -> None:
+def table_specs(shapes, only_mrope: bool = False) -> list[str]:
+    """``KIND:SHAPE:DTYPE:LAYOUT`` of every table: forward and backward per shape, dtype and
+    layout, then M-RoPE at ``MROPE_SHAPE`` per dtype."""
+    specs = [] if only_mrope else [
+        f"{kind}:{','.join(map(str, shape))}:{str(dtype).removeprefix('torch.')}:{layout}"
+        for shape in shapes for dtype in DTYPES for layout in ("half", "interleaved")
+        for kind in ("forward", "backward")]
+    return specs + [f"mrope:{','.join(map(str, MROPE_SHAPE))}:"
+                    f"{str(dtype).removeprefix('torch.')}:half" for dtype in DTYPES]
+
+
+def rope_tables(device: torch.device, shapes, repeats: int, compile_peers: bool,
+                only_mrope: bool = False) -> None:
     """Every table, each in a fresh process of this script."""
-    for shape in shapes:
-        for dtype in DTYPES:
-            for layout in ("half", "interleaved"):
-                for kind in ("forward", "backward"):
-                    spec = (f"{kind}:{','.join(map(str, shape))}:"
-                            f"{str(dtype).removeprefix('torch.')}:{layout}")
-                    command = [sys.executable, __file__, "--table", spec, "--device", device.type,
-                               "--repeats", str(repeats)]
-                    if not compile_peers:
-                        command.append("--no-compile")
-                    result = subprocess.run(command, capture_output=True, text=True, check=False)
-                    if result.returncode:
-                        raise RuntimeError(f"table {spec} failed:\n{result.stderr[-3000:]}")
-                    print(result.stdout, end="", flush=True)
+    for spec in table_specs(shapes, only_mrope):
+        command = [sys.executable, __file__, "--table", spec, "--device", device.type,
+                   "--repeats", str(repeats)]
+        if not compile_peers:
+            command.append("--no-compile")
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode:
+            raise RuntimeError(f"table {spec} failed:\n{result.stderr[-3000:]}")
+        print(result.stdout, end="", flush=True)
 
 
 def attention_table(device: torch.device, repeats: int) -> None:
@@ -195,6 +220,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile'd peers")
+    parser.add_argument("--only-mrope", action="store_true",
+                        help="only the M-RoPE tables (Qwen2-VL's multi-axis RoPE)")
     parser.add_argument("--table", help="time only this table (KIND:SHAPE:DTYPE:LAYOUT), in "
                                         "this process; what every table's fresh process runs")
     args = parser.parse_args()
@@ -211,7 +238,9 @@ def main() -> None:
     status = native_status()
     print(f"ropelib on the CPU: {status.path} path ({status.reason})")
     for device in devices:
-        rope_tables(device, shapes, repeats, compile_peers=not args.no_compile)
+        rope_tables(device, shapes, repeats, not args.no_compile, args.only_mrope)
+        if args.only_mrope:
+            continue
         attention_table(device, repeats)
         decode_table(device, repeats)
         linear_attention_scaling(device, max(3, repeats // 3), lengths)

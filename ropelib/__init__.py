@@ -8,9 +8,15 @@ Plotting and sliders live in ``ropelib.viz`` (matplotlib, ipywidgets).
 """
 
 from .attention import KVCache, StandardAttentionWithRoPE
-from .layouts import convert_activations, convert_meta_attention_state_dict, convert_qk_weight
+from .layouts import (
+    convert_activations,
+    convert_attention_state_dict,
+    convert_meta_attention_state_dict,
+    convert_qk_weight,
+)
 from .linear_attention import linear_attention
 from .masks import causal_mask
+from .multiaxis import RoPEMixed, axis_frequencies, axis_tables, mrope_positions
 from .native import native_status
 from .positions import (
     positions_after_cache,
@@ -25,15 +31,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVCache",
+    "RoPEMixed",
     "RotaryEmbedding",
     "StandardAttentionWithRoPE",
     "apply_rope",
+    "axis_frequencies",
+    "axis_tables",
     "causal_mask",
     "convert_activations",
+    "convert_attention_state_dict",
     "convert_meta_attention_state_dict",
     "convert_qk_weight",
     "generate_rope_embeddings",
     "linear_attention",
+    "mrope_positions",
     "native_status",
     "positions_after_cache",
     "positions_from_cu_seqlens",

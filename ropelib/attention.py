@@ -207,6 +207,9 @@ class StandardAttentionWithRoPE(nn.Module):
             ``rope_theta``, else 10000.
         layer_type: the key of ``scaling`` to use when it holds one rope config per layer type
             (e.g. ``"sliding_attention"``).
+        frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``
+            frequency matrix, e.g. ``axis_frequencies(128, [16, 24, 24])`` for Qwen2-VL's
+            M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``.
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -220,7 +223,7 @@ class StandardAttentionWithRoPE(nn.Module):
                  scaling: Mapping | None = None, max_position_embeddings: int | None = None,
                  rope: bool = True, short_table: str = "raise",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 layer_type: str | None = None):
+                 layer_type: str | None = None, frequencies: torch.Tensor | None = None):
         super().__init__()
         embed_dim = check_count("embed_dim", embed_dim)
         num_heads = check_count("num_heads", num_heads)
@@ -266,9 +269,11 @@ class StandardAttentionWithRoPE(nn.Module):
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        if frequencies is not None and not rope:
+            raise ValueError("frequencies (multi-axis RoPE) need rope=True")
         self.rotary = RotaryEmbedding(table_dim, base, scaling=scaling, device=device,
-                                      max_position_embeddings=max_position_embeddings
-                                      ) if rope else None
+                                      max_position_embeddings=max_position_embeddings,
+                                      frequencies=frequencies) if rope else None
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -299,6 +304,8 @@ class StandardAttentionWithRoPE(nn.Module):
             cos, sin = rope_embeddings
         elif self.rotary is None:
             return q, k
+        elif self.rotary.num_axes > 1 and (positions is not None or key_positions is not None):
+            return self._rotate_axes(q, k, positions, key_positions, offset)
         elif tracing():
             return self._rotate_traced(q, k, positions, key_positions, offset, end)
         else:
@@ -336,6 +343,30 @@ class StandardAttentionWithRoPE(nn.Module):
             rotated.append(apply_rope(x, cos, sin, **kw))
         return tuple(rotated)
 
+    def _rotate_axes(self, q, k, positions, key_positions, offset):
+        """Multi-axis positions ``(N, k)`` or ``(B, N, k)``: each token's rows gathered (or
+        computed) by ``self.rotary``; missing positions are the diagonal from ``offset``."""
+        if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
+            key_positions = positions
+        rotated = []
+        for name, x, p in (("positions", q, positions), ("key_positions", k, key_positions)):
+            seq = x.shape[-2]
+            if p is None:
+                p = (offset + torch.arange(seq, device=x.device))[:, None].expand(
+                    seq, self.rotary.num_axes)
+            if not isinstance(p, torch.Tensor) or p.ndim not in (2, 3) or p.shape[-2] != seq or (
+                    p.ndim == 3 and p.shape[0] not in (1, x.shape[0])):
+                seen = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+                raise ValueError(f"{name} must have shape ({seq}, {self.rotary.num_axes}) or "
+                                 f"(batch, {seq}, {self.rotary.num_axes}) for multi-axis RoPE, "
+                                 f"got {seen}")
+            cos, sin = self.rotary(positions=p)
+            cos, sin = (cos[None, None], sin[None, None]) if p.ndim == 2 else (
+                cos[:, None], sin[:, None])
+            rotated.append(apply_rope(x, cos.to(x.device), sin.to(x.device), layout=self.layout,
+                                      rotary_dim=self.rotary_dim))
+        return tuple(rotated)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attn_mask: torch.Tensor | None = None, return_attn: bool = False, *,
@@ -353,6 +384,8 @@ class StandardAttentionWithRoPE(nn.Module):
                 this takes the explicit path instead of ``scaled_dot_product_attention``.
             is_causal: causal mask, lower-right aligned when Nq < Nk.
             positions: query positions ``(Nq,)`` or ``(B, Nq)``; default offset + 0..Nq-1.
+                With multi-axis ``frequencies``: ``(Nq, k)`` or ``(B, Nq, k)``, default the
+                diagonal (offset + 0..Nq-1 on every axis: text).
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).

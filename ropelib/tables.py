@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ._checks import check_count, check_even_positive, check_int_tensor, tracing
+from .multiaxis import axis_tables, check_axis_positions, check_frequencies
 from .scaling import (
     depends_on_length,
     layer_parameters,
@@ -127,6 +128,15 @@ class RotaryEmbedding(nn.Module):
     (one graph per length), and ``torch.jit.trace``, which would freeze the frequencies of
     the traced length, refuses it.
 
+    Multi-axis RoPE (``ropelib.multiaxis``): built with ``frequencies`` W ``(dim // 2, k)``,
+    the module takes positions ``(..., seq, k)`` (``forward(positions=...)``) and turns pair i
+    by ``sum_a p_a W[i, a]``. Its cache is the diagonal p = (m, .., m), angles
+    m * sum_a W[i, a] (for M-RoPE, whose pairs each follow one axis, that is 1D RoPE: text
+    tokens), which is also what ``tables`` and ``forward(seq_len)`` return. When every pair
+    follows one axis, the rows of multi-axis positions are gathered from that cache, pair by
+    pair (the same float64 angles, no new trigonometry); otherwise they are computed
+    (``axis_tables``).
+
     Args:
         dim: rotary dimension (head_dim, or rotary_dim for a partial rotation); the head
             dimension when ``scaling`` has a ``partial_rotary_factor``.
@@ -138,6 +148,8 @@ class RotaryEmbedding(nn.Module):
         device: device of the buffers.
         layer_type: the key of ``scaling`` to use when it holds one config per layer type
             (e.g. ``"full_attention"``).
+        frequencies: optional multi-axis frequency matrix ``(dim // 2, k)``, e.g.
+            ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling.
 
     ``dynamic`` says whether the frequencies depend on the length
     (``ropelib.scaling.depends_on_length(scaling)``).
@@ -152,9 +164,17 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, base: float | None = None, *, scaling: Mapping | None = None,
                  max_position_embeddings: int | None = None,
                  device: torch.device | str | None = None,
-                 layer_type: str | None = None) -> None:
+                 layer_type: str | None = None,
+                 frequencies: torch.Tensor | None = None) -> None:
         super().__init__()
         dim = check_even_positive("dim", dim)
+        self.frequencies = None if frequencies is None else check_frequencies(frequencies, dim)
+        if self.frequencies is not None and scaling is not None:
+            raise ValueError(f"pass either frequencies (multi-axis) or scaling, not both; got "
+                             f"scaling={dict(scaling)!r}")
+        # the axis each pair follows, when every pair follows one (then rows are gathered)
+        self._pair_axes = None if self.frequencies is None or (
+            (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         if max_position_embeddings is not None:
             max_position_embeddings = check_count("max_position_embeddings",
                                                   max_position_embeddings, extra=" or None")
@@ -162,9 +182,9 @@ class RotaryEmbedding(nn.Module):
         self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
         self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
-        self.register_buffer("inv_freq", rope_frequencies(
-            dim, self.base, scaling=scaling, device=device,
-            max_position_embeddings=max_position_embeddings), persistent=False)
+        self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
+                                                                   dtype=torch.float32),
+                             persistent=False)
         empty = torch.empty(0, self.inv_freq.shape[0], device=device)
         self.register_buffer("cos_cached", empty, persistent=False)
         self.register_buffer("sin_cached", empty.clone(), persistent=False)
@@ -175,6 +195,20 @@ class RotaryEmbedding(nn.Module):
     @property
     def cached_len(self) -> int:
         return self.cos_cached.shape[0]
+
+    @property
+    def num_axes(self) -> int:
+        """k, the coordinates of a position (1 without ``frequencies``)."""
+        return 1 if self.frequencies is None else self.frequencies.shape[1]
+
+    def _frequencies(self, freq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """The cache's per-pair frequencies (float64) and attention factor: the scaled
+        theta_i (for the length ``freq_len`` where they depend on it), or the diagonal's
+        sum_a W[i, a] for multi-axis frequencies."""
+        if self.frequencies is not None:
+            return self.frequencies.sum(1), 1.0
+        return scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len,
+                                  max_position_embeddings=self.max_position_embeddings)
 
     def _build(self, length: int, freq_len: int | None = None,
                device: torch.device | None = None) -> None:
@@ -187,9 +221,7 @@ class RotaryEmbedding(nn.Module):
         dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
         self._table_dtype = dtype
         with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
-            inv_freq, factor = scaled_frequencies(
-                self.dim, self.base, self.scaling, seq_len=freq_len,
-                max_position_embeddings=self.max_position_embeddings)
+            inv_freq, factor = self._frequencies(freq_len)
             positions = torch.arange(length, dtype=torch.float64)
             self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
                                                                  device, dtype)
@@ -252,13 +284,17 @@ class RotaryEmbedding(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions ``0 .. seq_len - 1`` or for integer ``positions``.
 
-        Returns ``(seq_len, dim // 2)`` tables, or ``positions.shape + (dim // 2,)`` rows.
+        Returns ``(seq_len, dim // 2)`` tables, or ``positions.shape + (dim // 2,)`` rows; with
+        multi-axis ``frequencies``, positions are ``(..., seq, k)`` and the rows
+        ``(..., seq, dim // 2)``.
         """
         if (seq_len is None) == (positions is None):
             raise ValueError("pass exactly one of seq_len or positions")
         if positions is None:
             cos, sin = self.tables(seq_len)
             return cos[:seq_len], sin[:seq_len]
+        if self.frequencies is not None:
+            return self._axis_rows(positions)
         positions = check_int_tensor("positions", positions)
         if tracing():
             if self.dynamic:
@@ -290,8 +326,22 @@ class RotaryEmbedding(nn.Module):
                                  "freeze those of the traced length. Use torch.export or "
                                  "torch.compile, which check the length")
             freq_len = int(length)
-        inv_freq, factor = scaled_frequencies(
-            self.dim, self.base, self.scaling, seq_len=freq_len,
-            max_position_embeddings=self.max_position_embeddings)
+        inv_freq, factor = self._frequencies(freq_len)
         return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
                                  positions.device, self._table_dtype)
+
+    def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
+        check_axis_positions(positions, self.num_axes, integer=True)
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
+        if self._pair_axes is None:  # pairs turning with several axes: computed
+            dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
+            return axis_tables(positions.to(self.cos_cached.device), self.frequencies,
+                               dtype=dtype)
+        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
+        # pair i reads column i of row p[..., axis(i)]: one gather per table
+        index = positions.to(cos.device).reshape(-1, self.num_axes).index_select(
+            1, self._pair_axes.to(cos.device))
+        shape = positions.shape[:-1] + (self.dim // 2,)
+        return cos.gather(0, index).reshape(shape), sin.gather(0, index).reshape(shape)

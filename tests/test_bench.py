@@ -79,3 +79,40 @@ def test_time_round_robin_medians_and_arguments():
 def test_bytes_moved_is_a_read_and_a_write():
     assert bench.bytes_moved(torch.zeros(4, 8)) == 2 * 32 * 4
     assert bench.bytes_moved(torch.zeros(4, 8, dtype=torch.bfloat16)) == 2 * 32 * 2
+
+
+def test_mrope_candidates_rotate_by_the_multi_axis_angles():
+    """ropelib's M-RoPE rows (gathered or given) and the written-out HF peer rotate x by
+    sum_a p_a W[i, a] (float64 reference), and the peer is what transformers computes."""
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+        Qwen2VLRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    from ropelib.multiaxis import axis_frequencies, mrope_positions
+
+    sections, base = [2, 3, 3], 1e6
+    positions = mrope_positions([3, (1, 4, 6), 2, (2, 2, 2)], spatial_merge_size=2) + 1000
+    x = torch.randn(1, 2, positions.shape[0], 16)
+    cases = bench.mrope_candidates(x, positions, sections, base=base)
+    assert set(cases) == {"clone", "copy_", "ropelib M-RoPE", "ropelib M-RoPE, rows given",
+                          "hf_mrope"}
+    W = axis_frequencies(16, sections, base=base)
+    expected = rope_by_pairs(x.to(F64), positions.to(F64) @ W.T, "half")
+    for name, fn in cases.items():
+        if name in ("clone", "copy_"):
+            assert torch.equal(fn(), x), name
+        elif name == "hf_mrope":  # float32 angles near t = 1000: about 1e-4 off
+            torch.testing.assert_close(fn().to(F64), expected, rtol=0, atol=1e-3, msg=name)
+        else:
+            torch.testing.assert_close(fn().to(F64), expected, rtol=1e-5, atol=1e-5, msg=name)
+    config = Qwen2VLTextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                               num_hidden_layers=1, intermediate_size=8, vocab_size=8,
+                               bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                               rope_parameters={"rope_type": "default", "rope_theta": base,
+                                                "mrope_section": sections})
+    hf = Qwen2VLRotaryEmbedding(config)
+    cos, sin = hf(x, positions.T[:, None, :])
+    hf_q, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    torch.testing.assert_close(cases["hf_mrope"](), hf_q, rtol=0, atol=1e-6)

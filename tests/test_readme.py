@@ -17,3 +17,5 @@ def test_readme_python_blocks_run(capsys):
     out, pad_mask = namespace["out"], namespace["pad_mask"]
     assert out.shape == (2, 256, 512) and not out.isnan().any()
     assert not pad_mask[1, -10:].any() and namespace["causal"].shape == (2, 256, 512)
+    assert "[[10, 10, 10], [11, 11, 11], [12, 12, 12]]" in printed
+    assert namespace["mm_out"].shape == (1, 31, 1024) and not namespace["mm_out"].isnan().any()

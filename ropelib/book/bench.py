@@ -20,6 +20,8 @@ The peers are written out here from their published form, each with the tables i
 - ``meta_complex`` (Meta's Llama; interleaved): complex multiply in float32, cast back.
 - ``roformer_stack`` (RoFormer; interleaved): ``x * cos + stack(-x_odd, x_even) * sin``
   with cos/sin repeated per pair.
+- ``hf_mrope`` (Hugging Face Qwen2-VL's M-RoPE; half layout): float32 angles per axis,
+  cos/sin, the chunks of each axis recomposed into one table, then ``hf_rotate_half``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from collections.abc import Callable
 import torch
 
 from .. import native
+from ..multiaxis import axis_frequencies
 from ..rotation import apply_rope
-from ..tables import generate_rope_embeddings
+from ..tables import RotaryEmbedding, generate_rope_embeddings
 
 PEERS = {"half": ("hf_rotate_half", "half_split_cat"),
          "interleaved": ("meta_complex", "roformer_stack")}
@@ -64,6 +67,44 @@ def roformer_stack(x: torch.Tensor, cos_pairs: torch.Tensor, sin_pairs: torch.Te
     """RoFormer's formula; cos_pairs = cos repeated per pair, shape (seq, d)."""
     rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).reshape(x.shape)
     return x * cos_pairs + rotated * sin_pairs
+
+
+def hf_mrope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+             sections: list[int]) -> torch.Tensor:
+    """Hugging Face Qwen2-VL's rotary forward and ``apply_rotary_pos_emb`` on x
+    ``(B, H, seq, d)``: positions ``(seq, 3)``, float32 inv_freq ``(d/2,)``, ``mrope_section``."""
+    freqs = positions.T[:, None, :, None].float() * inv_freq.float()  # (3, 1, seq, d/2)
+
+    def recompose(table: torch.Tensor) -> torch.Tensor:
+        chunks = table.split(sections, dim=-1)
+        table = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)
+        return torch.cat((table, table), dim=-1).to(x.dtype)[:, None]  # (1, 1, seq, d)
+
+    return hf_rotate_half(x, recompose(freqs.cos()), recompose(freqs.sin()))
+
+
+def mrope_candidates(x: torch.Tensor, positions: torch.Tensor, sections: list[int],
+                     base: float = 1e6) -> dict[str, Callable[[], object]]:
+    """M-RoPE on x ``(B, H, seq, d)`` at positions ``(seq, 3)``: copy baselines, ropelib (the
+    per-token rows gathered from its cache, then the same kernel as 1D; and the kernel alone
+    on rows made beforehand) and Hugging Face's recomposition + rotate_half."""
+    head_dim = x.shape[-1]
+    rotary = RotaryEmbedding(head_dim, frequencies=axis_frequencies(head_dim, sections,
+                                                                    base=base))
+    rotary.tables(int(positions.max()) + 1)  # the cache grown once, as a model's would be
+    cos, sin = rotary(positions=positions)
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    buffer = torch.empty_like(x)
+
+    def ropelib_mrope() -> torch.Tensor:
+        c, s = rotary(positions=positions)
+        return apply_rope(x, c[None, None], s[None, None], layout="half")
+
+    return {"clone": x.clone, "copy_": lambda: buffer.copy_(x),
+            "ropelib M-RoPE": ropelib_mrope,
+            "ropelib M-RoPE, rows given": lambda: apply_rope(x, cos[None, None], sin[None, None],
+                                                             layout="half"),
+            "hf_mrope": lambda: hf_mrope(x, positions, inv_freq, sections)}
 
 
 def _sync(device: torch.device) -> None:
