@@ -444,7 +444,8 @@ class StandardAttentionWithRoPE(nn.Module):
         depend on the length (see ``KVCache``), or the cache already holds such keys."""
         builtin_length_dependent = (rope_embeddings is None and self.rotary is not None
                                     and self.rotary.dynamic)
-        return builtin_length_dependent or kv_cache.positions is not None
+        # a cache object of the caller's own (length, update) has no positions: rotated keys
+        return builtin_length_dependent or getattr(kv_cache, "positions", None) is not None
 
     def _explicit(self, q, k, v, mask, empty, p):
         groups = self.num_heads // self.num_kv_heads

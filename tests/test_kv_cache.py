@@ -258,3 +258,30 @@ def test_errors_name_the_argument(case):
         cache.update(*second)
     if second is not None:  # a refused update leaves the cache as it was
         assert cache.length == first[0].shape[-2]
+
+
+class ConcatCache:
+    """A cache of the caller's own: only ``length`` and ``update``, as chapter 9 writes one."""
+
+    def __init__(self) -> None:
+        self.key = self.value = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[-2]
+
+    def update(self, key, value):
+        if self.key is not None:
+            key, value = torch.cat([self.key, key], -2), torch.cat([self.value, value], -2)
+        self.key, self.value = key, value
+        return key, value
+
+
+def test_a_cache_of_the_callers_own_with_length_and_update_decodes_like_the_full_forward():
+    module = StandardAttentionWithRoPE(D, H, num_kv_heads=2).double().eval()  # float64 tables
+    x = torch.randn(2, 9, D, dtype=F64)
+    with torch.no_grad():
+        stepped = decode(module, x, ConcatCache(), 3)
+    table = angles(torch.arange(9), thetas(D // H))
+    expected, _ = attention_module_reference(module, x, x, x, table, table, causal=True)
+    torch.testing.assert_close(stepped, expected, rtol=1e-10, atol=1e-10)
