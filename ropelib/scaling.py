@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ._checks import check_base, check_count, check_even_positive
@@ -250,7 +251,9 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
 
 
 def _is_finite_number(value: object) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
+    """A finite real number: a Python or NumPy int or float, not a bool."""
+    return (not isinstance(value, (bool, np.bool_))
+            and isinstance(value, (int, float, np.integer, np.floating))
             and math.isfinite(value))
 
 

@@ -290,6 +290,15 @@ def test_row09_numpy_integers_are_ints():
         StandardAttentionWithRoPE(D, H, rotary_dim=np.bool_(True))
     with pytest.raises(ValueError, match="capacity must be a positive int or None"):
         KVCache(np.float64(4.0))
+    # scaling configs read from NumPy arrays: integer factors and lengths as well
+    np_yarn = {"rope_type": "yarn", "factor": np.int64(4),
+               "original_max_position_embeddings": np.int64(16), "beta_fast": np.int32(32)}
+    py_yarn = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16,
+               "beta_fast": 32}
+    torch.testing.assert_close(generate_rope_embeddings(20, 8, scaling=np_yarn),
+                               generate_rope_embeddings(20, 8, scaling=py_yarn), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"scaling\['factor'\] must be a finite number >= 1"):
+        generate_rope_embeddings(4, 8, scaling={"rope_type": "linear", "factor": np.bool_(True)})
 
 
 # Row 10: $CC with flags, one warning when the build fails, native_status ---------------------
