@@ -38,7 +38,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from . import native
 from ._checks import check_base, check_even_positive
+from .kernels import plain_call
 from .scaling import default_frequencies
 
 SPECTRA = ("shared", "per_axis")
@@ -186,6 +188,54 @@ def axis_tables(positions: torch.Tensor, frequencies: torch.Tensor, *,
         W = frequencies.to(device=positions.device, dtype=torch.float64)
         angles = positions.to(torch.float64) @ W.T
         return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+@torch.library.custom_op("ropelib::axis_rows", mutates_args=())
+def _axis_rows_op(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                  pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``axis_rows`` as a PyTorch operator: what compiled and exported graphs record."""
+    return _axis_rows_plain(cos, sin, positions, pair_axes)
+
+
+@_axis_rows_op.register_fake
+def _axis_rows_fake(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                    pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = positions.shape[:-1] + cos.shape[1:]
+    return cos.new_empty(shape), sin.new_empty(shape)
+
+
+def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+              pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of M-RoPE-like frequencies (every pair follows one axis) read from 1D tables:
+    pair i of a token at coordinates p takes column i of the table row ``p[pair_axes[i]]``,
+    since its angle is that coordinate times theta_i.
+
+    Args:
+        cos, sin: ``(table_len, pairs)`` tables of the diagonal (row m: angles m * theta_i).
+        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``, on the tables'
+            device (checked by the caller).
+        pair_axes: ``(pairs,)`` int32 or int64, the axis of each pair (``axis_of_pairs``).
+
+    Returns:
+        ``(cos, sin)`` rows, each ``(..., seq, pairs)``. On the CPU one compiled loop
+        (``ropelib.native``); elsewhere a gather. Registered as the operator
+        ``ropelib::axis_rows``.
+    """
+    if plain_call(cos, sin, positions, pair_axes):
+        return _axis_rows_plain(cos, sin, positions, pair_axes)
+    return torch.ops.ropelib.axis_rows.default(cos, sin, positions, pair_axes)
+
+
+def _axis_rows_plain(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                     pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = positions.reshape(-1, positions.shape[-1])
+    if native.supports_axis_rows(cos, sin):
+        rows = native.axis_rows(cos, sin, flat, pair_axes.to(torch.int32))
+    else:
+        index = flat.index_select(1, pair_axes)
+        rows = cos.gather(0, index), sin.gather(0, index)
+    shape = positions.shape[:-1] + cos.shape[1:]
+    return rows[0].reshape(shape), rows[1].reshape(shape)
 
 
 class RoPEMixed(nn.Module):

@@ -13,7 +13,9 @@ of 4 MiB or more get transparent huge pages (Linux), which makes their first tou
 the cost of any new tensor here, several times cheaper.
 
 This module is the bottom of ``apply_rope``'s path: ``ropelib.kernels`` registers the PyTorch
-operator whose CPU implementation calls ``rotate`` here. Nothing here keeps a tensor or a
+operator whose CPU implementation calls ``rotate`` here. ``axis_rows`` is the CPU
+implementation of ``ropelib::axis_rows`` (``ropelib.multiaxis``): M-RoPE's per-token rows
+read from the 1D tables. Nothing here keeps a tensor or a
 pointer between calls. Without a compiler, on other devices and for other dtypes,
 ``ropelib.kernels`` uses its eager paths. A failed build is said once, in a warning that
 names the cause and the cost; ``native_status()`` (``ropelib.native_status``) tells which
@@ -42,6 +44,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("native_rope.c")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+TABLE_DTYPES = (torch.float32, torch.float64)
 FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 OPENMP_FLAG = "-fopenmp"
 HUGE_PAGE_BYTES = 4 << 20
@@ -120,6 +123,12 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64]
         fn.restype = None
         lib.rope[dtype] = fn
+    lib.axis_rows = {}
+    for dtype in TABLE_DTYPES:
+        fn = getattr(lib, f"rope_axis_rows_{str(dtype).removeprefix('torch.')}")
+        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
+        fn.restype = None
+        lib.axis_rows[dtype] = fn
     lib.rope_max_dims.restype = _I64
     lib.rope_threaded.restype = _I64
     lib.max_dims = lib.rope_max_dims()
@@ -170,6 +179,43 @@ def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
         return False
     lib = _load()[0]
     return lib is not None and x.ndim - 1 <= lib.max_dims
+
+
+def supports_axis_rows(cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``axis_rows`` applies: enabled and built, CPU tables of one float32 or float64
+    dtype."""
+    return (_enabled and cos.is_cpu and sin.is_cpu and cos.dtype in TABLE_DTYPES
+            and sin.dtype == cos.dtype and _load()[0] is not None)
+
+
+def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+              pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-axis RoPE's rows when every pair follows one axis, with the compiled loop:
+    ``rows[n, i] = table[positions[n, pair_axes[i]], i]``.
+
+    Like ``rotate``, it holds a reference to every tensor whose pointer it hands to C and
+    keeps nothing after it returns.
+
+    Args:
+        cos, sin: ``(table_len, pairs)`` CPU tables, ``supports_axis_rows(cos, sin)``.
+        positions: ``(tokens, k)`` int64 coordinates in ``[0, table_len)`` (the caller checks
+            the range).
+        pair_axes: ``(pairs,)`` int32, the axis of each pair, in ``[0, k)``.
+
+    Returns:
+        ``(cos_rows, sin_rows)``, each ``(tokens, pairs)`` in the tables' dtype.
+    """
+    cos, sin = cos.contiguous(), sin.contiguous()
+    positions, pair_axes = positions.contiguous(), pair_axes.contiguous()
+    tokens, k = positions.shape
+    pairs = cos.shape[1]
+    cos_rows, sin_rows = cos.new_empty(tokens, pairs), sin.new_empty(tokens, pairs)
+    if tokens and pairs:
+        threads = min(torch.get_num_threads(), max(1, tokens * pairs // PARALLEL_ELEMENTS))
+        _load()[0].axis_rows[cos.dtype](cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                                        pair_axes.data_ptr(), tokens, k, pairs,
+                                        cos_rows.data_ptr(), sin_rows.data_ptr(), threads)
+    return cos_rows, sin_rows
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:

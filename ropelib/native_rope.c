@@ -11,8 +11,10 @@
  * other dim is described by its size and a stride per tensor (a table's stride is 0 along
  * the dims it broadcasts over), so transposed views such as q.transpose(1, 2) need no copy.
  * out is either x itself (in place: each pair is read before it is written) or memory that
- * does not overlap x; ropelib checks this before calling. The rows are split into `threads`
- * contiguous ranges run by OpenMP, sharing the thread pool PyTorch already runs.
+ * does not overlap x; ropelib checks this before calling. The rows, in tiles that keep the
+ * tables' rows in the cache across heads (DEFINE_RANGE), are split into `threads` ranges run by
+ * OpenMP, sharing the thread pool PyTorch already runs. rope_axis_rows_* gathers multi-axis
+ * RoPE's rows (M-RoPE) from the 1D tables.
  */
 #include <stdint.h>
 #include <string.h>
@@ -213,21 +215,28 @@ ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,       
     }                                                                                          \
 }
 
-/* Rows [begin, end) of the tensor. The innermost leading dim (usually seq) is walked as a run
- * of rows, a pointer step per row; `index` is the position in the other leading dims, advanced
- * like an odometer once per run, with the element offsets of x, out and the tables kept
- * alongside. A 1-D x (ndim 0) is one run of one row. */
+/* Rows of the tensor in tiles: the innermost leading dim (usually seq) is cut into runs of
+ * `tile` rows, and a unit of work is one run at one index of the other leading dims. Units
+ * go run-major: all heads (and batches) of rows [0, tile), then of [tile, 2 tile), ..., so a
+ * table that is broadcast over heads is read from the cache for every head after the first
+ * instead of from memory: at (1, 16, 4096, 128) the rows of a bfloat16 x are half the bytes
+ * of their float32 tables, which would otherwise be read 16 times. Units [begin, end) are
+ * done here; `index` is the position in the other leading dims, advanced like an odometer
+ * once per unit, with the element offsets of x, out and the tables kept alongside. A 1-D x
+ * (ndim 0) is one unit of one row. */
 #define DEFINE_RANGE(NAME, T, ACC)                                                             \
 static ROPE_TARGETS void NAME##_range(                                                         \
         const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
         int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
         const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
-        int64_t rotary_dim, int64_t half_layout, ACC sign) {                                   \
+        int64_t rotary_dim, int64_t half_layout, ACC sign, int64_t tile) {                     \
     const int64_t last = ndim - 1, run_size = ndim ? sizes[last] : 1;                          \
     const int64_t xs = ndim ? x_strides[last] : 0, os = ndim ? out_strides[last] : 0;          \
     const int64_t ts = ndim ? table_strides[last] : 0;                                         \
-    int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, rest = begin / run_size;             \
-    int64_t first = begin % run_size;                                                          \
+    int64_t outer = 1;                                                                         \
+    for (int64_t k = 0; k < last; k++) outer *= sizes[k];                                      \
+    int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, run = begin / outer;                 \
+    int64_t rest = begin % outer;                                                              \
     for (int64_t k = last - 1; k >= 0; k--) {                                                  \
         index[k] = rest % sizes[k];                                                            \
         rest /= sizes[k];                                                                      \
@@ -236,9 +245,9 @@ static ROPE_TARGETS void NAME##_range(                                          
         to += index[k] * table_strides[k];                                                     \
     }                                                                                          \
     const int64_t h = rotary_dim / 2;                                                          \
-    for (int64_t r = begin; r < end;) {                                                        \
-        int64_t n = run_size - first;                                                          \
-        if (n > end - r) n = end - r;                                                          \
+    for (int64_t u = begin; u < end; u++) {                                                    \
+        const int64_t first = run * tile;                                                      \
+        const int64_t n = tile < run_size - first ? tile : run_size - first;                   \
         const T *xr = x + xo + first * xs;                                                     \
         T *orow = out + oo + first * os;                                                       \
         const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                  \
@@ -256,9 +265,8 @@ static ROPE_TARGETS void NAME##_range(                                          
                            (size_t)(head_dim - rotary_dim) * sizeof(T));                       \
             }                                                                                  \
         }                                                                                      \
-        r += n;                                                                                \
-        first = 0;                                                                             \
-        for (int64_t k = last - 1; k >= 0; k--) {                                              \
+        int64_t k = last - 1;                                                                  \
+        for (; k >= 0; k--) {                                                                  \
             xo += x_strides[k];                                                                \
             oo += out_strides[k];                                                              \
             to += table_strides[k];                                                            \
@@ -268,11 +276,15 @@ static ROPE_TARGETS void NAME##_range(                                          
             to -= index[k] * table_strides[k];                                                 \
             index[k] = 0;                                                                      \
         }                                                                                      \
+        if (k < 0) run++;                                                                      \
     }                                                                                          \
 }
 
 /* The entry point: all rows of x, split over `threads` threads. `dims` holds, for the ndim
- * leading dims, their sizes, then x's strides, out's strides and the tables' strides. */
+ * leading dims, their sizes, then x's strides, out's strides and the tables' strides. A tile
+ * holds ROPE_TILE_BYTES of cos and sin rows (a whole run when the tables do not change along
+ * it), so it stays in the first-level cache while the other leading dims reuse it. */
+#define ROPE_TILE_BYTES 16384
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
 DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                        \
 DEFINE_RANGE(NAME, T, ACC)                                                                     \
@@ -282,18 +294,22 @@ void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t thread
     const int64_t *sizes = dims, *x_strides = dims + ndim, *out_strides = dims + 2 * ndim;     \
     const int64_t *table_strides = dims + 3 * ndim;                                            \
     const ACC sign = inverse ? -1 : 1;                                                         \
-    int64_t rows = 1;                                                                          \
-    for (int64_t k = 0; k < ndim; k++) rows *= sizes[k];                                       \
-    if (threads <= 1 || rows < 2) {                                                            \
-        NAME##_range(x, out, cos_t, sin_t, 0, rows, ndim, sizes, x_strides, out_strides,       \
-                     table_strides, head_dim, rotary_dim, half_layout, sign);                  \
+    const int64_t run_size = ndim ? sizes[ndim - 1] : 1;                                       \
+    int64_t tile = ROPE_TILE_BYTES / (rotary_dim > 0 ? rotary_dim * (int64_t)sizeof(ACC) : 1); \
+    if (tile < 1 || !ndim || !table_strides[ndim - 1] || tile > run_size) tile = run_size;     \
+    int64_t units = (run_size + tile - 1) / tile;                                              \
+    for (int64_t k = 0; k + 1 < ndim; k++) units *= sizes[k];                                  \
+    if (threads > units) threads = units;                                                      \
+    if (threads <= 1) {                                                                        \
+        NAME##_range(x, out, cos_t, sin_t, 0, units, ndim, sizes, x_strides, out_strides,      \
+                     table_strides, head_dim, rotary_dim, half_layout, sign, tile);            \
         return;                                                                                \
     }                                                                                          \
     _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
     for (int64_t t = 0; t < threads; t++)                                                      \
-        NAME##_range(x, out, cos_t, sin_t, rows * t / threads, rows * (t + 1) / threads, ndim, \
-                     sizes, x_strides, out_strides, table_strides, head_dim, rotary_dim,       \
-                     half_layout, sign);                                                       \
+        NAME##_range(x, out, cos_t, sin_t, units * t / threads, units * (t + 1) / threads,     \
+                     ndim, sizes, x_strides, out_strides, table_strides, head_dim,             \
+                     rotary_dim, half_layout, sign, tile);                                     \
 }
 
 int64_t rope_max_dims(void) { return ROPE_MAX_DIMS; }
@@ -311,6 +327,52 @@ DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BL
 DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, NO_BLOCKS)
 DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE,
             BF16_HALF_BLOCKS, NO_BLOCKS)
+
+/* Multi-axis RoPE's rows when every pair follows one axis (M-RoPE): pair i of token n is
+ * read from the row of that axis' coordinate, cos_out[n, i] = cos_t[positions[n, axes[i]], i]
+ * (sin alike), for `tokens` tokens of k coordinates and tables of `pairs` columns, all
+ * contiguous. The row of axis 0 is copied, then each other axis' row is blended in where
+ * axes[i] is that axis: whole rows, in the cache, instead of one index per element. */
+#define DEFINE_AXIS_ROWS(NAME, ACC)                                                            \
+static ROPE_TARGETS void NAME##_range(const ACC *cos_t, const ACC *sin_t,                      \
+                                      const int64_t *positions, const int32_t *axes,           \
+                                      int64_t k, int64_t pairs, ACC *cos_out, ACC *sin_out,    \
+                                      int64_t begin, int64_t end) {                            \
+    for (int64_t n = begin; n < end; n++) {                                                    \
+        const int64_t *p = positions + n * k;                                                  \
+        ACC *restrict co = cos_out + n * pairs, *restrict so = sin_out + n * pairs;            \
+        const ACC *restrict c = cos_t + p[0] * pairs, *restrict s = sin_t + p[0] * pairs;      \
+        for (int64_t i = 0; i < pairs; i++) {                                                  \
+            co[i] = c[i];                                                                      \
+            so[i] = s[i];                                                                      \
+        }                                                                                      \
+        for (int64_t a = 1; a < k; a++) {                                                      \
+            c = cos_t + p[a] * pairs;                                                          \
+            s = sin_t + p[a] * pairs;                                                          \
+            for (int64_t i = 0; i < pairs; i++) {                                              \
+                const int take = axes[i] == a;                                                 \
+                co[i] = take ? c[i] : co[i];                                                   \
+                so[i] = take ? s[i] : so[i];                                                   \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+void NAME(const ACC *cos_t, const ACC *sin_t, const int64_t *positions, const int32_t *axes,   \
+          int64_t tokens, int64_t k, int64_t pairs, ACC *cos_out, ACC *sin_out,                \
+          int64_t threads) {                                                                   \
+    if (threads > tokens) threads = tokens;                                                    \
+    if (threads <= 1) {                                                                        \
+        NAME##_range(cos_t, sin_t, positions, axes, k, pairs, cos_out, sin_out, 0, tokens);    \
+        return;                                                                                \
+    }                                                                                          \
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+    for (int64_t t = 0; t < threads; t++)                                                      \
+        NAME##_range(cos_t, sin_t, positions, axes, k, pairs, cos_out, sin_out,                \
+                     tokens * t / threads, tokens * (t + 1) / threads);                        \
+}
+
+DEFINE_AXIS_ROWS(rope_axis_rows_float32, float)
+DEFINE_AXIS_ROWS(rope_axis_rows_float64, double)
 
 /* Ask for transparent huge pages on the 2 MiB-aligned part of a fresh buffer, before it is
  * first touched: one page fault per 2 MiB instead of per 4 KiB. Advice only; 0 on success. */

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ._checks import check_count, check_even_positive, check_int_tensor, tracing
-from .multiaxis import axis_tables, check_axis_positions, check_frequencies
+from .multiaxis import axis_rows, axis_tables, check_axis_positions, check_frequencies
 from .scaling import (
     depends_on_length,
     layer_parameters,
@@ -333,15 +333,16 @@ class RotaryEmbedding(nn.Module):
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
+        if tracing():  # computed in the graph, as traced_rows does for 1D positions
+            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+            return axis_tables(positions, self.frequencies, dtype=self._table_dtype)
+        low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
+        if low < 0:
+            raise ValueError(f"positions must be >= 0, got min {low}")
         if self._pair_axes is None:  # pairs turning with several axes: computed
             dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
             return axis_tables(positions.to(self.cos_cached.device), self.frequencies,
                                dtype=dtype)
-        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
-        # pair i reads column i of row p[..., axis(i)]: one gather per table
-        index = positions.to(cos.device).reshape(-1, self.num_axes).index_select(
-            1, self._pair_axes.to(cos.device))
-        shape = positions.shape[:-1] + (self.dim // 2,)
-        return cos.gather(0, index).reshape(shape), sin.gather(0, index).reshape(shape)
+        cos, sin = self.tables(high + 1)
+        return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
+                         self._pair_axes.to(cos.device))

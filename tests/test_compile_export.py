@@ -361,3 +361,26 @@ def test_row10_native_status_when_disabled():
     finally:
         native.set_enabled(previous)
     assert ropelib.native_status().path == "native"  # a C compiler is installed here
+
+
+# Multi-axis positions ------------------------------------------------------------------------
+
+def test_multi_axis_module_compiles_fullgraph_and_exports():
+    """M-RoPE attention (Qwen2-VL's (t, h, w) positions, chunked sections) under a fullgraph
+    compile and torch.export: the rows are computed in the graph (float64 angles, like the
+    cache) instead of read from the cache grown by the data, so no data-dependent branch; the
+    results equal the eager module's, also for positions the eager cache never saw."""
+    from ropelib import axis_frequencies, mrope_positions
+    torch.manual_seed(0)
+    mod = StandardAttentionWithRoPE(64, 2, layout="half", bias=False,
+                                    frequencies=axis_frequencies(32, [4, 6, 6], base=1e6),
+                                    max_position_embeddings=MAX_POS).eval()
+    x = torch.randn(2, 30, 64)
+    positions = mrope_positions([10, (1, 4, 4), 16], spatial_merge_size=2)
+    later = positions + 5000
+    fn = compiled(mod, dynamic=None)
+    exported = torch.export.export(copy.deepcopy(mod), (x, x, x), {"positions": positions})
+    for p in (positions, later):
+        eager = mod(x, x, x, positions=p)
+        torch.testing.assert_close(fn(x, x, x, positions=p), eager, **TOL)
+        torch.testing.assert_close(exported.module()(x, x, x, positions=p), eager, **TOL)

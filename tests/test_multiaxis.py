@@ -336,6 +336,29 @@ def test_rotary_embedding_gathers_what_axis_tables_computes():
     assert rotary.cached_len >= int(positions.max()) + 1  # grew on demand
 
 
+@pytest.mark.parametrize("order", ["chunked", "interleaved"])
+def test_compiled_gather_equals_the_eager_gather_and_double_tables(order):
+    """The module's rows come from the compiled gather (ropelib.native) on the CPU: the same
+    bits as torch's gather (the kernel turned off), batched positions included, and in
+    float64 after double() (exact angles to 1e-12)."""
+    from ropelib import native
+    W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
+    positions = large_positions(90, 3).reshape(3, 30, 3)
+    rotary = RotaryEmbedding(64, frequencies=W)
+    assert native.supports_axis_rows(*rotary.tables(1))
+    fast = rotary(positions=positions)
+    previous = native.set_enabled(False)
+    try:
+        slow = rotary(positions=positions)
+    finally:
+        native.set_enabled(previous)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    cos64, sin64 = rotary.double()(positions=positions)
+    assert cos64.dtype == F64
+    torch.testing.assert_close(cos64, exact_angles(positions, W).cos(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sin64, exact_angles(positions, W).sin(), rtol=1e-12, atol=1e-12)
+
+
 def test_rotary_embedding_computes_rows_of_mixed_frequencies():
     W = torch.randn(4, 2, dtype=F64)
     rotary = RotaryEmbedding(8, frequencies=W)

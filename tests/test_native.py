@@ -156,6 +156,65 @@ def test_threads_split_rows_without_changing_a_bit(layout):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
+@pytest.mark.parametrize("tables", ["per_head", "broadcast"])
+def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables):
+    """The loop walks rows in tiles of the seq dim, each tile over every head before the next
+    (so a table broadcast over heads is read from the cache): with tables that change along
+    every dim (per batch and head) or only along seq, a seq length that is not a multiple
+    of the tile, a partial rotation and any number of threads, every row is rotated once by
+    its own angles (float64 reference) and the threads change no bit."""
+    torch.manual_seed(0)
+    batch, heads, seq, dim, rd = 2, 3, 307, 80, 64  # tile: 16384 / (64 * 4) = 64 rows
+    x = torch.randn(batch, heads, seq, dim, dtype=F64)
+    positions = torch.randint(0, 5000, (batch, heads, seq) if tables == "per_head" else (seq,))
+    theta = angles(positions.reshape(-1), thetas(rd)).reshape(*positions.shape, rd // 2)
+    expected = rope_by_pairs(x[..., :rd], theta, "half")
+    accumulate = F64 if dtype == F64 else torch.float32
+    cos, sin = theta.cos().to(accumulate), theta.sin().to(accumulate)
+    x = x.to(dtype)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 5):
+            torch.set_num_threads(n)
+            results.append(native.rotate(x, cos, sin, "half", rd))
+            in_place = x.clone()
+            native.rotate(in_place, cos, sin, "half", rd, out=in_place)
+            assert torch.equal(in_place, results[-1])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+    tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(results[0][..., :rd].to(F64), expected, rtol=tol, atol=tol)
+    assert torch.equal(results[0][..., rd:], x[..., rd:])
+
+
+def test_axis_rows_read_each_pair_from_its_axis_row():
+    """The compiled gather of M-RoPE rows: pair i of token n is column i of table row
+    positions[n, pair_axes[i]], for float32 and float64 tables, one or several threads, and
+    pairs whose axes come in any order (written out element by element here)."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    for dtype in (torch.float32, F64):
+        cos, sin = torch.randn(500, 12, dtype=dtype), torch.randn(500, 12, dtype=dtype)
+        positions = torch.randint(0, 500, (3000, 4))
+        pair_axes = torch.tensor([3, 0, 0, 1, 2, 3, 1, 1, 0, 2, 2, 3], dtype=torch.int32)
+        expected = torch.tensor([[float(cos[positions[n, pair_axes[i]], i]) for i in range(12)]
+                                 for n in range(3000)], dtype=dtype)
+        try:
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                rows_cos, rows_sin = native.axis_rows(cos, sin, positions, pair_axes)
+                assert torch.equal(rows_cos, expected)
+                assert torch.equal(rows_sin, sin.gather(0, positions.index_select(
+                    1, pair_axes.long())))
+        finally:
+            torch.set_num_threads(threads)
+    empty = native.axis_rows(cos, sin, positions[:0], pair_axes)
+    assert empty[0].shape == (0, 12) and empty[1].shape == (0, 12)
+
+
 def test_large_output_is_a_plain_contiguous_tensor():
     x = torch.randn(2, 4, 1024, 256)  # 8 MiB: asks for huge pages
     out = native.empty_like(x)

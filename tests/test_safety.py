@@ -400,7 +400,7 @@ def test_row11_gradients_of_the_tables_and_double_backward():
 
 def test_operator_registration_passes_opcheck():
     """torch.library.opcheck: schema, fake implementation, autograd registration and
-    dispatcher behaviour of both operators agree with the real kernel."""
+    dispatcher behaviour of the operators agree with the real kernels."""
     cos, sin = generate_rope_embeddings(6, 8)
     x = torch.randn(2, 6, 8, requires_grad=True)
     torch.library.opcheck(torch.ops.ropelib.rotate.default, (x, cos, sin, "half", 8))
@@ -409,6 +409,9 @@ def test_operator_registration_passes_opcheck():
                           (torch.randn(3, 6, 8, dtype=torch.bfloat16), cos, sin, "interleaved", 6))
     torch.library.opcheck(torch.ops.ropelib.rotate_out.default,
                           (x.detach(), cos, sin, "interleaved", 8, torch.empty(2, 6, 8)))
+    positions = torch.randint(0, 6, (2, 5, 3))
+    pair_axes = torch.tensor([0, 2, 1, 1])
+    torch.library.opcheck(torch.ops.ropelib.axis_rows.default, (cos, sin, positions, pair_axes))
 
 
 # Row 12 --------------------------------------------------------------------------------------
