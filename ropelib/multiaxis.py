@@ -213,7 +213,7 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     Args:
         cos, sin: ``(table_len, pairs)`` tables of the diagonal (row m: angles m * theta_i).
         positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``, on the tables'
-            device (checked by the caller).
+            device (out of range: a ValueError on the CPU, torch's index error elsewhere).
         pair_axes: ``(pairs,)`` int32 or int64, the axis of each pair (``axis_of_pairs``).
 
     Returns:

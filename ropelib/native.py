@@ -126,8 +126,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.axis_rows = {}
     for dtype in TABLE_DTYPES:
         fn = getattr(lib, f"rope_axis_rows_{str(dtype).removeprefix('torch.')}")
-        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
-        fn.restype = None
+        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64]
+        fn.restype = _I64
         lib.axis_rows[dtype] = fn
     lib.rope_max_dims.restype = _I64
     lib.rope_threaded.restype = _I64
@@ -198,12 +198,15 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 
     Args:
         cos, sin: ``(table_len, pairs)`` CPU tables, ``supports_axis_rows(cos, sin)``.
-        positions: ``(tokens, k)`` int64 coordinates in ``[0, table_len)`` (the caller checks
-            the range).
+        positions: ``(tokens, k)`` int64 coordinates in ``[0, table_len)``.
         pair_axes: ``(pairs,)`` int32, the axis of each pair, in ``[0, k)``.
 
     Returns:
         ``(cos_rows, sin_rows)``, each ``(tokens, pairs)`` in the tables' dtype.
+
+    Raises:
+        ValueError: a position or an axis out of range (the loop checks each index before
+            it reads the table with it).
     """
     cos, sin = cos.contiguous(), sin.contiguous()
     positions, pair_axes = positions.contiguous(), pair_axes.contiguous()
@@ -212,9 +215,14 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     cos_rows, sin_rows = cos.new_empty(tokens, pairs), sin.new_empty(tokens, pairs)
     if tokens and pairs:
         threads = min(torch.get_num_threads(), max(1, tokens * pairs // PARALLEL_ELEMENTS))
-        _load()[0].axis_rows[cos.dtype](cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
-                                        pair_axes.data_ptr(), tokens, k, pairs,
-                                        cos_rows.data_ptr(), sin_rows.data_ptr(), threads)
+        status = _load()[0].axis_rows[cos.dtype](
+            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), pair_axes.data_ptr(), tokens,
+            k, cos.shape[0], pairs, cos_rows.data_ptr(), sin_rows.data_ptr(), threads)
+        if status:
+            raise ValueError(f"positions must be in [0, {cos.shape[0]}) (the table's rows) and "
+                             f"pair_axes in [0, {k}) (the axes), got positions in "
+                             f"[{int(positions.min())}, {int(positions.max())}] and pair_axes "
+                             f"in [{int(pair_axes.min())}, {int(pair_axes.max())}]")
     return cos_rows, sin_rows
 
 

@@ -330,16 +330,21 @@ DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOA
 
 /* Multi-axis RoPE's rows when every pair follows one axis (M-RoPE): pair i of token n is
  * read from the row of that axis' coordinate, cos_out[n, i] = cos_t[positions[n, axes[i]], i]
- * (sin alike), for `tokens` tokens of k coordinates and tables of `pairs` columns, all
- * contiguous. The row of axis 0 is copied, then each other axis' row is blended in where
- * axes[i] is that axis: whole rows, in the cache, instead of one index per element. */
+ * (sin alike), for `tokens` tokens of k coordinates and tables of `table_len` rows of `pairs`
+ * columns, all contiguous. The row of axis 0 is copied, then each other axis' row is blended
+ * in where axes[i] is that axis: whole rows, in the cache, instead of one index per element.
+ * Every index is checked before it is read: the result is 0, or -1 when an axis is not in
+ * [0, k) or a position not in [0, table_len) (the rows are then incomplete). */
 #define DEFINE_AXIS_ROWS(NAME, ACC)                                                            \
-static ROPE_TARGETS void NAME##_range(const ACC *cos_t, const ACC *sin_t,                      \
-                                      const int64_t *positions, const int32_t *axes,           \
-                                      int64_t k, int64_t pairs, ACC *cos_out, ACC *sin_out,    \
-                                      int64_t begin, int64_t end) {                            \
+static ROPE_TARGETS int64_t NAME##_range(const ACC *cos_t, const ACC *sin_t,                   \
+                                         const int64_t *positions, const int32_t *axes,        \
+                                         int64_t k, int64_t table_len, int64_t pairs,          \
+                                         ACC *cos_out, ACC *sin_out, int64_t begin,            \
+                                         int64_t end) {                                        \
     for (int64_t n = begin; n < end; n++) {                                                    \
         const int64_t *p = positions + n * k;                                                  \
+        for (int64_t a = 0; a < k; a++)                                                        \
+            if (p[a] < 0 || p[a] >= table_len) return -1;                                      \
         ACC *restrict co = cos_out + n * pairs, *restrict so = sin_out + n * pairs;            \
         const ACC *restrict c = cos_t + p[0] * pairs, *restrict s = sin_t + p[0] * pairs;      \
         for (int64_t i = 0; i < pairs; i++) {                                                  \
@@ -356,19 +361,23 @@ static ROPE_TARGETS void NAME##_range(const ACC *cos_t, const ACC *sin_t,       
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
+    return 0;                                                                                  \
 }                                                                                              \
-void NAME(const ACC *cos_t, const ACC *sin_t, const int64_t *positions, const int32_t *axes,   \
-          int64_t tokens, int64_t k, int64_t pairs, ACC *cos_out, ACC *sin_out,                \
-          int64_t threads) {                                                                   \
+int64_t NAME(const ACC *cos_t, const ACC *sin_t, const int64_t *positions,                     \
+             const int32_t *axes, int64_t tokens, int64_t k, int64_t table_len, int64_t pairs, \
+             ACC *cos_out, ACC *sin_out, int64_t threads) {                                    \
+    for (int64_t i = 0; i < pairs; i++)                                                        \
+        if (axes[i] < 0 || axes[i] >= k) return -1;                                            \
     if (threads > tokens) threads = tokens;                                                    \
-    if (threads <= 1) {                                                                        \
-        NAME##_range(cos_t, sin_t, positions, axes, k, pairs, cos_out, sin_out, 0, tokens);    \
-        return;                                                                                \
-    }                                                                                          \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+    if (threads <= 1)                                                                          \
+        return NAME##_range(cos_t, sin_t, positions, axes, k, table_len, pairs, cos_out,       \
+                            sin_out, 0, tokens);                                               \
+    int64_t status = 0;                                                                        \
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")   \
     for (int64_t t = 0; t < threads; t++)                                                      \
-        NAME##_range(cos_t, sin_t, positions, axes, k, pairs, cos_out, sin_out,                \
-                     tokens * t / threads, tokens * (t + 1) / threads);                        \
+        status |= NAME##_range(cos_t, sin_t, positions, axes, k, table_len, pairs, cos_out,    \
+                               sin_out, tokens * t / threads, tokens * (t + 1) / threads);     \
+    return status;                                                                             \
 }
 
 DEFINE_AXIS_ROWS(rope_axis_rows_float32, float)

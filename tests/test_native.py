@@ -213,6 +213,12 @@ def test_axis_rows_read_each_pair_from_its_axis_row():
             torch.set_num_threads(threads)
     empty = native.axis_rows(cos, sin, positions[:0], pair_axes)
     assert empty[0].shape == (0, 12) and empty[1].shape == (0, 12)
+    for bad_positions, bad_axes in ((positions.clamp_max(499) + (positions == 7) * 493,
+                                     pair_axes),
+                                    (positions.clamp_min(1) - (positions == 9) * 10, pair_axes),
+                                    (positions, pair_axes.clone().fill_(4))):
+        with pytest.raises(ValueError, match=r"positions must be in \[0, 500\)"):
+            native.axis_rows(cos, sin, bad_positions, bad_axes)
 
 
 def test_large_output_is_a_plain_contiguous_tensor():
