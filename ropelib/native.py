@@ -117,24 +117,27 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                       "working C compiler, or ROPELIB_NATIVE=0 to choose the eager path "
                       "silently", RuntimeWarning, stacklevel=2)
         return None, reason
-    lib.rope = {}
-    for dtype in DTYPES:
-        fn = getattr(lib, f"rope_{str(dtype).removeprefix('torch.')}")
-        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64]
-        fn.restype = None
-        lib.rope[dtype] = fn
-    lib.axis_rows = {}
-    for dtype in TABLE_DTYPES:
-        fn = getattr(lib, f"rope_axis_rows_{str(dtype).removeprefix('torch.')}")
-        fn.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64]
-        fn.restype = _I64
-        lib.axis_rows[dtype] = fn
+    lib.rope = _typed(lib, "rope", DTYPES, None,
+                      [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64])
+    lib.axis_rows = _typed(lib, "rope_axis_rows", TABLE_DTYPES, _I64,
+                           [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64])
     lib.rope_max_dims.restype = _I64
     lib.rope_threaded.restype = _I64
     lib.max_dims = lib.rope_max_dims()
     lib.rope_advise_huge_pages.argtypes = [_PTR, _I64]
     lib.rope_advise_huge_pages.restype = ctypes.c_int
     return lib, None
+
+
+def _typed(lib: ctypes.CDLL, prefix: str, dtypes: tuple[torch.dtype, ...], restype,
+           argtypes: list) -> dict[torch.dtype, object]:
+    """The library's ``{prefix}_{dtype}`` functions by dtype, with their C signature."""
+    functions = {}
+    for dtype in dtypes:
+        fn = getattr(lib, f"{prefix}_{str(dtype).removeprefix('torch.')}")
+        fn.argtypes, fn.restype = argtypes, restype
+        functions[dtype] = fn
+    return functions
 
 
 def unavailable_reason() -> str | None:
