@@ -360,11 +360,17 @@ class StandardAttentionWithRoPE(nn.Module):
                 raise ValueError(f"{name} must have shape ({seq}, {self.rotary.num_axes}) or "
                                  f"(batch, {seq}, {self.rotary.num_axes}) for multi-axis RoPE, "
                                  f"got {seen}")
+            kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+            if self.rotary.pair_axes is not None and not tracing():
+                high = int(p.max()) if p.numel() else -1  # apply_rope checks the rest
+                cos, sin = self.rotary.tables(high + 1, x.device)
+                rotated.append(apply_rope(x, cos, sin, positions=p,
+                                          axes=self.rotary.pair_axes, **kw))
+                continue
             cos, sin = self.rotary(positions=p)
             cos, sin = (cos[None, None], sin[None, None]) if p.ndim == 2 else (
                 cos[:, None], sin[:, None])
-            rotated.append(apply_rope(x, cos.to(x.device), sin.to(x.device), layout=self.layout,
-                                      rotary_dim=self.rotary_dim))
+            rotated.append(apply_rope(x, cos.to(x.device), sin.to(x.device), **kw))
         return tuple(rotated)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -47,59 +47,76 @@ _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 @torch.library.custom_op("ropelib::rotate", mutates_args=())
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-               rotary_dim: int, inverse: bool = False) -> torch.Tensor:
+               rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
+               axes: torch.Tensor | None = None) -> torch.Tensor:
     """R_Theta x, a new contiguous tensor: the first ``rotary_dim`` channels rotated, the
     rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
 
     Args:
         x: ``(..., seq, head_dim)``.
         cos, sin: rows ``(..., seq, rotary_dim // 2)`` broadcastable to x's, any float
-            dtype, on x's device.
+            dtype, on x's device; with ``positions``, the 2-D tables
+            ``(table_len, rotary_dim // 2)`` (row m: angles m * theta_i).
         layout: ``"interleaved"`` or ``"half"``.
         rotary_dim: rotated channels (even, <= head_dim).
         inverse: rotate by the opposite angles, as if sin were -sin.
+        positions: multi-axis coordinates ``(..., seq, k)``, int64 in ``[0, table_len)``,
+            with as many dims as x and broadcastable to its rows: pair i of a row reads the
+            table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
+        axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
     """
-    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
+    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
 
 
 @_rotate_op.register_fake
 def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, inverse: bool = False) -> torch.Tensor:
+                 rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
+                 axes: torch.Tensor | None = None) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
 def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                   rotary_dim: int, out: torch.Tensor) -> None:
+                   rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
+                   axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
     x itself, or memory that shares no element with x)."""
-    _rotate_into(x, cos, sin, layout, rotary_dim, out)
+    _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
 
 
 @_rotate_out_op.register_fake
 def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                     rotary_dim: int, out: torch.Tensor) -> None:
+                     rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
+                     axes: torch.Tensor | None = None) -> None:
     return None
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-           rotary_dim: int, inverse: bool = False) -> torch.Tensor:
+           rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
+           axes: torch.Tensor | None = None) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new contiguous
     tensor (arguments as there)."""
-    if plain_call(x, cos, sin):
-        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
-    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse)
+    if plain_call(x, cos, sin, *_given(positions, axes)):
+        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
+    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
+                                            positions, axes)
 
 
 def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-               rotary_dim: int, out: torch.Tensor) -> None:
+               rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
+               axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
     bumped like any in-place write's (arguments as there)."""
-    if plain_call(x, cos, sin, out):
-        _rotate_into(x, cos, sin, layout, rotary_dim, out)
+    if plain_call(x, cos, sin, out, *_given(positions, axes)):
+        _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
         torch.autograd.graph.increment_version(out)
     else:
-        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out)
+        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out, positions,
+                                             axes)
+
+
+def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return tuple(t for t in tensors if t is not None)
 
 
 def plain_call(*tensors: torch.Tensor) -> bool:
@@ -124,7 +141,8 @@ def plain_tensor(t: torch.Tensor) -> bool:
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, out: torch.Tensor) -> None:
+                 rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
+                 axes: torch.Tensor | None) -> None:
     """``rotate_plain`` into ``out`` after checking its memory, on the real tensors (so
     also in a compiled graph): out may not overlap the tables, nor share an element with x
     unless it is x itself."""
@@ -137,7 +155,7 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
             and _intersect(out_span, _byte_span(x)) and _share_elements(out, x)):
         raise ValueError("out shares memory with x but is not x itself (other strides or "
                          "offset); pass out=x for an in-place rotation or a separate buffer")
-    rotate_plain(x, cos, sin, layout, rotary_dim, out, False)
+    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes)
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
@@ -182,12 +200,22 @@ def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
 
 
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+                 rotary_dim: int, out: torch.Tensor | None, inverse: bool,
+                 positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """The operators' implementation: the path for these tensors, its tables, the rotation
     (by the opposite angles with ``inverse``: the compiled loop negates sin as it reads it,
-    the eager paths negate their copy of the table). Called directly only for plain
-    tensors in eager mode (``plain_call``); arguments as for ``ropelib::rotate``."""
+    the eager paths negate their copy of the table). With ``positions``, the compiled loop
+    gathers the rows itself, a tile at a time (``native.supports_axes``); the other paths
+    gather them first (``gather_rows``). Called directly only for plain tensors in eager
+    mode (``plain_call``); arguments as for ``ropelib::rotate``."""
     path = choose_path(x, out, layout, rotary_dim)
+    if positions is not None:
+        if path == "native" and native.supports_axes(x, rotary_dim):
+            cos, sin = prepare_tables(cos, sin, path, x.dtype, layout)
+            return native.rotate(x, cos, sin, layout, rotary_dim, out, inverse, positions,
+                                 axes)
+        cos, sin = gather_rows(cos, sin, positions, axes)
     tables = prepare_tables(cos, sin, path, x.dtype, layout, inverse)
     if path == "native":
         return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out, inverse)
@@ -260,6 +288,25 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
     return cos, sin, _widen(cos, layout)
 
 
+def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of multi-axis RoPE whose pairs each follow one axis, read from 2-D tables:
+    ``rows[..., n, i] = table[positions[..., n, axes[i]], i]``.
+
+    Args:
+        cos, sin: ``(table_len, pairs)``.
+        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``.
+        axes: ``(pairs,)`` int64, the axis of each pair.
+
+    Returns:
+        ``(cos, sin)`` rows ``(..., seq, pairs)``, differentiable in the tables (a gather).
+    """
+    index = positions.index_select(-1, axes)
+    flat = index.reshape(-1, index.shape[-1])
+    return (cos.gather(0, flat).reshape(index.shape),
+            sin.gather(0, flat).reshape(index.shape))
+
+
 def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The two members (a, b) of every pair, as views of shape (..., d/2)."""
     if layout == "half":
@@ -285,10 +332,13 @@ def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                     rotary_dim: int) -> torch.Tensor:
+                     rotary_dim: int, positions: torch.Tensor | None = None,
+                     axes: torch.Tensor | None = None) -> torch.Tensor:
     """``rotate`` in plain differentiable PyTorch operations (at least float32 arithmetic, one
     rounding): what ``torch.func`` transforms (grad, vmap, jvp, ...) and forward-mode AD
     differentiate and batch, since the kernel only takes plain tensors."""
+    if positions is not None:
+        cos, sin = gather_rows(cos, sin, positions, axes)
     wide = torch.promote_types(x.dtype, torch.float32)
     a, b = (t.to(wide) for t in pairs(x[..., :rotary_dim], layout))
     cos, sin = cos.to(wide), sin.to(wide)

@@ -40,7 +40,7 @@ from torch import nn
 
 from . import native
 from ._checks import check_base, check_even_positive
-from .kernels import plain_call
+from .kernels import gather_rows, plain_call
 from .scaling import default_frequencies
 
 SPECTRA = ("shared", "per_axis")
@@ -228,12 +228,10 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 
 def _axis_rows_plain(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                      pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    flat = positions.reshape(-1, positions.shape[-1])
-    if native.supports_axis_rows(cos, sin):
-        rows = native.axis_rows(cos, sin, flat, pair_axes.to(torch.int32))
-    else:
-        index = flat.index_select(1, pair_axes)
-        rows = cos.gather(0, index), sin.gather(0, index)
+    if not native.supports_axis_rows(cos, sin):
+        return gather_rows(cos, sin, positions, pair_axes.long())
+    rows = native.axis_rows(cos, sin, positions.reshape(-1, positions.shape[-1]),
+                            pair_axes.to(torch.int32))
     shape = positions.shape[:-1] + cos.shape[1:]
     return rows[0].reshape(shape), rows[1].reshape(shape)
 

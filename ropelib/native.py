@@ -117,24 +117,29 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                       "working C compiler, or ROPELIB_NATIVE=0 to choose the eager path "
                       "silently", RuntimeWarning, stacklevel=2)
         return None, reason
-    lib.rope = _typed(lib, "rope", DTYPES, None,
-                      [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64])
-    lib.axis_rows = _typed(lib, "rope_axis_rows", TABLE_DTYPES, _I64,
+    rotation = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64]
+    lib.rope = _typed(lib, "rope_{}", DTYPES, None, rotation)
+    lib.rope_axes = _typed(lib, "rope_{}_axes", DTYPES, _I64,
+                           [*rotation, _PTR, _PTR, _I64, _I64])
+    lib.axis_rows = _typed(lib, "rope_axis_rows_{}", TABLE_DTYPES, _I64,
                            [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64])
     lib.rope_max_dims.restype = _I64
     lib.rope_threaded.restype = _I64
     lib.max_dims = lib.rope_max_dims()
+    lib.rope_tile_bytes.restype = _I64
+    lib.tile_bytes = lib.rope_tile_bytes()
     lib.rope_advise_huge_pages.argtypes = [_PTR, _I64]
     lib.rope_advise_huge_pages.restype = ctypes.c_int
     return lib, None
 
 
-def _typed(lib: ctypes.CDLL, prefix: str, dtypes: tuple[torch.dtype, ...], restype,
+def _typed(lib: ctypes.CDLL, pattern: str, dtypes: tuple[torch.dtype, ...], restype,
            argtypes: list) -> dict[torch.dtype, object]:
-    """The library's ``{prefix}_{dtype}`` functions by dtype, with their C signature."""
+    """The library's functions named ``pattern.format(dtype name)``, by dtype, with their C
+    signature."""
     functions = {}
     for dtype in dtypes:
-        fn = getattr(lib, f"{prefix}_{str(dtype).removeprefix('torch.')}")
+        fn = getattr(lib, pattern.format(str(dtype).removeprefix("torch.")))
         fn.argtypes, fn.restype = argtypes, restype
         functions[dtype] = fn
     return functions
@@ -239,7 +244,9 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-           out: torch.Tensor | None = None, inverse: bool = False) -> torch.Tensor:
+           out: torch.Tensor | None = None, inverse: bool = False,
+           positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """out = R_Theta x (or R_{-Theta} x, the inverse) with the compiled loop.
 
     Every pointer handed to C belongs to a tensor this call holds a reference to, and nothing
@@ -249,22 +256,54 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
         x: ``(..., seq, head_dim)`` on the CPU, ``supports(x, out)``.
         cos, sin: ``(..., seq, rotary_dim // 2)`` broadcastable to x's rows (e.g. the 2-D
             rows ``(seq, rotary_dim // 2)``), float64 for float64 x and float32 otherwise,
-            channels contiguous, both with the same strides.
+            channels contiguous, both with the same strides. With ``positions``: the
+            contiguous 1-D tables ``(table_len, rotary_dim // 2)`` (row m: angles m theta_i).
         layout: ``"interleaved"`` or ``"half"``.
         rotary_dim: rotated channels; the rest are copied (unless out is x).
         out: destination of x's shape and dtype, channels contiguous; x itself or memory that
             shares no element with x. Default: new.
         inverse: rotate by the opposite angles (sin read as -sin), as the gradient does.
+        positions: multi-axis coordinates ``(..., seq, k)``, int64, broadcastable to x's rows
+            (e.g. ``(1, 1, seq, k)``), last dim contiguous: pair i of a row reads the table
+            row of its coordinate ``axes[i]`` (M-RoPE), gathered in the loop, a tile of rows
+            at a time, and reused across heads (``supports_axes``).
+        axes: with ``positions``, integer ``(rotary_dim // 2,)``, the axis of each pair.
+
+    Raises:
+        ValueError: a coordinate outside the table or an axis outside ``[0, k)`` (the loop
+            checks each before it reads the table with it).
     """
     if out is None:
         out = empty_like(x)
-    if x.numel():
-        dims = _dims(x.shape, x.stride(), out.stride(), cos.shape, cos.stride())
-        threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_ELEMENTS))
-        _load()[0].rope[x.dtype](x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                 threads, x.ndim - 1, dims, x.shape[-1], rotary_dim,
-                                 int(layout == "half"), int(inverse))
+    if not x.numel():
+        return out
+    if positions is not None:
+        positions = positions.to(torch.int64).contiguous()
+    table = cos if positions is None else positions
+    dims = _dims(x.shape, x.stride(), out.stride(), table.shape, table.stride())
+    threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_ELEMENTS))
+    args = (x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), threads, x.ndim - 1,
+            dims, x.shape[-1], rotary_dim, int(layout == "half"), int(inverse))
+    if positions is None:
+        _load()[0].rope[x.dtype](*args)
+        return out
+    k = positions.shape[-1]
+    axes = axes.to(torch.int32).contiguous()
+    if _load()[0].rope_axes[x.dtype](*args, positions.data_ptr(), axes.data_ptr(), k,
+                                     cos.shape[0]):
+        raise ValueError(f"positions must be in [0, {cos.shape[0]}) (the table's rows) and "
+                         f"axes in [0, {k}) (the coordinates), got positions in "
+                         f"[{int(positions.min())}, {int(positions.max())}] and axes in "
+                         f"[{int(axes.min())}, {int(axes.max())}]")
     return out
+
+
+def supports_axes(x: torch.Tensor, rotary_dim: int) -> bool:
+    """Whether ``rotate`` gathers multi-axis rows itself (``positions``): ``supports(x, None)``
+    and a gathered row of cos and sin fits in the loop's tile buffer (``ROPE_TILE_BYTES``
+    in ``native_rope.c``, 16 KiB: rotary_dim up to 4096 channels for float32 tables, 2048 for float64)."""
+    table_bytes = 8 if x.dtype == torch.float64 else 4
+    return supports(x, None) and rotary_dim * table_bytes <= _load()[0].tile_bytes
 
 
 @functools.lru_cache(maxsize=256)

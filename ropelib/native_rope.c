@@ -223,96 +223,153 @@ ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,       
  * of their float32 tables, which would otherwise be read 16 times. Units [begin, end) are
  * done here; `index` is the position in the other leading dims, advanced like an odometer
  * once per unit, with the element offsets of x, out and the tables kept alongside. A 1-D x
- * (ndim 0) is one unit of one row. */
+ * (ndim 0) is one unit of one row.
+ *
+ * With `positions` (multi-axis RoPE whose pairs each follow one axis, as M-RoPE), the tables
+ * are 1-D, (table_len, h) contiguous, and `table_strides` step through the positions instead
+ * (int64 elements, k coordinates per row): pair i of a row at coordinates p reads table row
+ * p[axes[i]]. A run's rows are gathered once into `gathered` and reused while the positions
+ * stay the same (across heads); a row whose coordinates are all equal (text on the diagonal)
+ * is read from the table itself. A coordinate outside [0, table_len) stops the range with -1
+ * (its rows incomplete); otherwise the result is 0. */
 #define DEFINE_RANGE(NAME, T, ACC)                                                             \
-static ROPE_TARGETS void NAME##_range(                                                         \
+static ROPE_TARGETS int64_t NAME##_range(                                                      \
         const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
         int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
         const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
-        int64_t rotary_dim, int64_t half_layout, ACC sign, int64_t tile) {                     \
+        int64_t rotary_dim, int64_t half_layout, ACC sign, int64_t tile,                       \
+        const int64_t *positions, const int32_t *axes, int64_t k, int64_t table_len) {         \
     const int64_t last = ndim - 1, run_size = ndim ? sizes[last] : 1;                          \
     const int64_t xs = ndim ? x_strides[last] : 0, os = ndim ? out_strides[last] : 0;          \
     const int64_t ts = ndim ? table_strides[last] : 0;                                         \
     int64_t outer = 1;                                                                         \
-    for (int64_t k = 0; k < last; k++) outer *= sizes[k];                                      \
+    for (int64_t d = 0; d < last; d++) outer *= sizes[d];                                      \
     int64_t index[ROPE_MAX_DIMS], xo = 0, oo = 0, to = 0, run = begin / outer;                 \
     int64_t rest = begin % outer;                                                              \
-    for (int64_t k = last - 1; k >= 0; k--) {                                                  \
-        index[k] = rest % sizes[k];                                                            \
-        rest /= sizes[k];                                                                      \
-        xo += index[k] * x_strides[k];                                                         \
-        oo += index[k] * out_strides[k];                                                       \
-        to += index[k] * table_strides[k];                                                     \
+    for (int64_t d = last - 1; d >= 0; d--) {                                                  \
+        index[d] = rest % sizes[d];                                                            \
+        rest /= sizes[d];                                                                      \
+        xo += index[d] * x_strides[d];                                                         \
+        oo += index[d] * out_strides[d];                                                       \
+        to += index[d] * table_strides[d];                                                     \
     }                                                                                          \
     const int64_t h = rotary_dim / 2;                                                          \
+    ACC gathered[ROPE_TILE_BYTES / sizeof(ACC)];                                               \
+    const ACC *row_c[ROPE_TILE_BYTES / 8], *row_s[ROPE_TILE_BYTES / 8];                        \
+    const int64_t *gathered_for = NULL;                                                        \
     for (int64_t u = begin; u < end; u++) {                                                    \
         const int64_t first = run * tile;                                                      \
         const int64_t n = tile < run_size - first ? tile : run_size - first;                   \
         const T *xr = x + xo + first * xs;                                                     \
         T *orow = out + oo + first * os;                                                       \
+        if (positions) {                                                                       \
+            const int64_t *p = positions + to + first * ts;                                    \
+            if (p != gathered_for) {                                                           \
+                for (int64_t j = 0; j < n; j++, p += ts) {                                     \
+                    int64_t diagonal = 1;                                                      \
+                    for (int64_t a = 0; a < k; a++) {                                          \
+                        if (p[a] < 0 || p[a] >= table_len) return -1;                          \
+                        diagonal &= p[a] == p[0];                                              \
+                    }                                                                          \
+                    if (diagonal) {                                                            \
+                        row_c[j] = cos_t + p[0] * h;                                           \
+                        row_s[j] = sin_t + p[0] * h;                                           \
+                        continue;                                                              \
+                    }                                                                          \
+                    ACC *restrict gc = gathered + 2 * j * h, *restrict gs = gc + h;            \
+                    for (int64_t i = 0; i < h; i++) {                                          \
+                        gc[i] = cos_t[p[axes[i]] * h + i];                                     \
+                        gs[i] = sin_t[p[axes[i]] * h + i];                                     \
+                    }                                                                          \
+                    row_c[j] = gc;                                                             \
+                    row_s[j] = gs;                                                             \
+                }                                                                              \
+                gathered_for = positions + to + first * ts;                                    \
+            }                                                                                  \
+        }                                                                                      \
         const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                  \
-        if (orow == xr) {                                                                      \
-            for (int64_t j = 0; j < n; j++, orow += os, c += ts, s += ts) {                    \
-                if (half_layout) NAME##_half_in_place(orow, c, s, sign, h);                    \
-                else NAME##_interleaved_in_place(orow, c, s, sign, h);                         \
+        for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {              \
+            const ACC *cj = positions ? row_c[j] : c, *sj = positions ? row_s[j] : s;          \
+            if (orow == xr) {                                                                  \
+                if (half_layout) NAME##_half_in_place(orow, cj, sj, sign, h);                  \
+                else NAME##_interleaved_in_place(orow, cj, sj, sign, h);                       \
+                continue;                                                                      \
             }                                                                                  \
-        } else {                                                                               \
-            for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {          \
-                if (half_layout) NAME##_half(xr, orow, c, s, sign, h);                         \
-                else NAME##_interleaved(xr, orow, c, s, sign, h);                              \
-                if (rotary_dim < head_dim)                                                     \
-                    memcpy(orow + rotary_dim, xr + rotary_dim,                                 \
-                           (size_t)(head_dim - rotary_dim) * sizeof(T));                       \
-            }                                                                                  \
+            if (half_layout) NAME##_half(xr, orow, cj, sj, sign, h);                           \
+            else NAME##_interleaved(xr, orow, cj, sj, sign, h);                                \
+            if (rotary_dim < head_dim)                                                         \
+                memcpy(orow + rotary_dim, xr + rotary_dim,                                     \
+                       (size_t)(head_dim - rotary_dim) * sizeof(T));                           \
         }                                                                                      \
-        int64_t k = last - 1;                                                                  \
-        for (; k >= 0; k--) {                                                                  \
-            xo += x_strides[k];                                                                \
-            oo += out_strides[k];                                                              \
-            to += table_strides[k];                                                            \
-            if (++index[k] < sizes[k]) break;                                                  \
-            xo -= index[k] * x_strides[k];                                                     \
-            oo -= index[k] * out_strides[k];                                                   \
-            to -= index[k] * table_strides[k];                                                 \
-            index[k] = 0;                                                                      \
+        int64_t d = last - 1;                                                                  \
+        for (; d >= 0; d--) {                                                                  \
+            xo += x_strides[d];                                                                \
+            oo += out_strides[d];                                                              \
+            to += table_strides[d];                                                            \
+            if (++index[d] < sizes[d]) break;                                                  \
+            xo -= index[d] * x_strides[d];                                                     \
+            oo -= index[d] * out_strides[d];                                                   \
+            to -= index[d] * table_strides[d];                                                 \
+            index[d] = 0;                                                                      \
         }                                                                                      \
-        if (k < 0) run++;                                                                      \
+        if (d < 0) run++;                                                                      \
     }                                                                                          \
+    return 0;                                                                                  \
 }
 
-/* The entry point: all rows of x, split over `threads` threads. `dims` holds, for the ndim
- * leading dims, their sizes, then x's strides, out's strides and the tables' strides. A tile
- * holds ROPE_TILE_BYTES of cos and sin rows (a whole run when the tables do not change along
- * it), so it stays in the first-level cache while the other leading dims reuse it. */
+/* The entry points: all rows of x, split over `threads` threads. `dims` holds, for the ndim
+ * leading dims, their sizes, then x's strides, out's strides and the tables' strides (of the
+ * positions for NAME##_axes). A tile holds ROPE_TILE_BYTES of cos and sin rows (a whole run
+ * when the tables do not change along it), so it stays in the first-level cache while the
+ * other leading dims reuse it. NAME##_axes returns 0, or -1 when an axis is not in [0, k), a
+ * coordinate not in [0, table_len) (then out is incomplete) or a gathered row would not fit
+ * in a tile (rotary_dim * sizeof(ACC) > ROPE_TILE_BYTES). */
 #define ROPE_TILE_BYTES 16384
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
 DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                        \
 DEFINE_RANGE(NAME, T, ACC)                                                                     \
-void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,             \
-          int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
-          int64_t half_layout, int64_t inverse) {                                              \
+int64_t NAME##_axes(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,   \
+                    int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,   \
+                    int64_t half_layout, int64_t inverse, const int64_t *positions,            \
+                    const int32_t *axes, int64_t k, int64_t table_len) {                       \
     const int64_t *sizes = dims, *x_strides = dims + ndim, *out_strides = dims + 2 * ndim;     \
     const int64_t *table_strides = dims + 3 * ndim;                                            \
     const ACC sign = inverse ? -1 : 1;                                                         \
     const int64_t run_size = ndim ? sizes[ndim - 1] : 1;                                       \
-    int64_t tile = ROPE_TILE_BYTES / (rotary_dim > 0 ? rotary_dim * (int64_t)sizeof(ACC) : 1); \
-    if (tile < 1 || !ndim || !table_strides[ndim - 1] || tile > run_size) tile = run_size;     \
-    int64_t units = (run_size + tile - 1) / tile;                                              \
-    for (int64_t k = 0; k + 1 < ndim; k++) units *= sizes[k];                                  \
-    if (threads > units) threads = units;                                                      \
-    if (threads <= 1) {                                                                        \
-        NAME##_range(x, out, cos_t, sin_t, 0, units, ndim, sizes, x_strides, out_strides,      \
-                     table_strides, head_dim, rotary_dim, half_layout, sign, tile);            \
-        return;                                                                                \
+    if (positions) {                                                                           \
+        if (rotary_dim * (int64_t)sizeof(ACC) > ROPE_TILE_BYTES) return -1;                    \
+        for (int64_t i = 0; i < rotary_dim / 2; i++)                                           \
+            if (axes[i] < 0 || axes[i] >= k) return -1;                                        \
     }                                                                                          \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+    int64_t tile = ROPE_TILE_BYTES / (rotary_dim > 0 ? rotary_dim * (int64_t)sizeof(ACC) : 1); \
+    if (tile < 1 || !ndim || (!positions && !table_strides[ndim - 1]) || tile > run_size)      \
+        tile = run_size;                                                                       \
+    int64_t units = (run_size + tile - 1) / tile;                                              \
+    for (int64_t d = 0; d + 1 < ndim; d++) units *= sizes[d];                                  \
+    if (threads > units) threads = units;                                                      \
+    if (threads <= 1)                                                                          \
+        return NAME##_range(x, out, cos_t, sin_t, 0, units, ndim, sizes, x_strides,            \
+                            out_strides, table_strides, head_dim, rotary_dim, half_layout,     \
+                            sign, tile, positions, axes, k, table_len);                        \
+    int64_t status = 0;                                                                        \
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")   \
     for (int64_t t = 0; t < threads; t++)                                                      \
-        NAME##_range(x, out, cos_t, sin_t, units * t / threads, units * (t + 1) / threads,     \
-                     ndim, sizes, x_strides, out_strides, table_strides, head_dim,             \
-                     rotary_dim, half_layout, sign, tile);                                     \
+        status |= NAME##_range(x, out, cos_t, sin_t, units * t / threads,                      \
+                               units * (t + 1) / threads, ndim, sizes, x_strides,              \
+                               out_strides, table_strides, head_dim, rotary_dim, half_layout,  \
+                               sign, tile, positions, axes, k, table_len);                     \
+    return status;                                                                             \
+}                                                                                              \
+void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,             \
+          int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,             \
+          int64_t half_layout, int64_t inverse) {                                              \
+    NAME##_axes(x, out, cos_t, sin_t, threads, ndim, dims, head_dim, rotary_dim, half_layout,  \
+                inverse, NULL, NULL, 0, 0);                                                    \
 }
 
 int64_t rope_max_dims(void) { return ROPE_MAX_DIMS; }
+
+int64_t rope_tile_bytes(void) { return ROPE_TILE_BYTES; }
 
 /* Whether this build runs its threads (compiled with OpenMP) or runs the ranges in turn. */
 int64_t rope_threaded(void) {

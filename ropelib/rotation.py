@@ -36,6 +36,7 @@ def apply_rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: Layout = "interleaved",
     positions: torch.Tensor | None = None, offset: int = 0, rotary_dim: int | None = None,
     short_table: Literal["raise", "repeat_last"] = "raise", out: torch.Tensor | None = None,
+    axes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate x by R_{Theta,m}, where m is each row's position.
 
@@ -47,7 +48,8 @@ def apply_rope(
             ``(..., seq, rotary_dim // 2)``.
         layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
         positions: integer positions ``(seq,)`` or ``(batch, seq)`` (one row per batch entry,
-            e.g. for left-padded batches); default ``offset .. offset + seq - 1``.
+            e.g. for left-padded batches); default ``offset .. offset + seq - 1``. With
+            ``axes``: multi-axis coordinates ``(seq, k)`` or ``(batch, seq, k)``.
         offset: first position when ``positions`` is not given (KV-cache decoding); an int,
             a NumPy integer or a 0-d integer tensor.
         rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
@@ -59,6 +61,13 @@ def apply_rope(
             ``x`` itself (in place); it may not share memory with cos or sin, nor elements
             with x unless it is x. Not differentiable: use it under ``torch.no_grad()`` or
             for tensors that do not require grad.
+        axes: multi-axis RoPE whose pairs each follow one axis (M-RoPE, Qwen2-VL; Wang et
+            al. 2024): integer ``(rotary_dim // 2,)``, the coordinate each pair turns with
+            (``RotaryEmbedding.pair_axes``, ``ropelib.axis_of_pairs``). Pair i of a token at
+            coordinates p then reads row ``p[axes[i]]`` of the 2-D tables, which hold the
+            diagonal's angles m * theta_i. On the CPU the compiled loop reads those rows
+            itself, a tile of tokens at a time reused across heads, instead of gathering
+            ``(seq, rotary_dim // 2)`` rows first.
 
     Returns:
         A new tensor with the shape and dtype of x (contiguous), or ``out``.
@@ -66,19 +75,25 @@ def apply_rope(
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
-    if cos.ndim == 2:
+    coordinates = None
+    if axes is not None:
+        if cos.ndim != 2:
+            raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
+                             f"given here are already gathered (shape {tuple(cos.shape)})")
+        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table)
+    elif cos.ndim == 2:
         cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
     elif positions is not None or offset:
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
     if _transformed():
-        rotated = kernels.rotate_composite(x, cos, sin, layout, rd)
+        rotated = kernels.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(x, cos, sin):
-            return _eager_rotation(x, cos, sin, layout, rd, False)
-        return kernels.rotate(x, cos, sin, layout, rd)
-    kernels.rotate_out(x, cos, sin, layout, rd, out)
+            return _eager_rotation(x, cos, sin, layout, rd, False, coordinates, axes)
+        return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes)
+    kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes)
     return out
 
 
@@ -185,6 +200,59 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
     return cos[index], sin[index]
 
 
+def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, rd: int,
+                offset: int, cos: torch.Tensor, short_table: str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-axis positions and the axis of each pair, checked, as int64 on the tables'
+    device: positions shaped ``(1 or batch, 1, ..., seq, k)`` to broadcast against x's rows
+    (clamped to the table for ``short_table="repeat_last"``), axes ``(rd // 2,)``."""
+    axes = check_int_tensor("axes", axes)
+    if axes.shape != (rd // 2,):
+        raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
+                         f"rotary_dim // 2), got {tuple(axes.shape)}")
+    seq_len, table_len = x.shape[-2], cos.shape[0]
+    if positions is None:
+        raise ValueError(f"axes needs multi-axis positions of shape ({seq_len}, k) or (batch, "
+                         f"{seq_len}, k)")
+    positions = check_int_tensor("positions", positions)
+    batched = positions.ndim == 3 and x.ndim >= 3 and positions.shape[0] in (1, x.shape[0])
+    if not (positions.ndim == 2 or batched) or positions.shape[-2] != seq_len or (
+            positions.shape[-1] < 1):
+        raise ValueError(f"positions with axes must have shape (seq_len, k) = ({seq_len}, k) "
+                         f"or (batch, seq_len, k) = "
+                         f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}, k), got "
+                         f"{tuple(positions.shape)}")
+    if offset:
+        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
+                         "add the offset to positions instead")
+    k = positions.shape[-1]
+    if tracing():  # checked on the tensors: no data-dependent branch in the graph
+        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+        if short_table == "raise":
+            torch._assert_async((positions < table_len).all(),
+                                "positions must be < the cos/sin table length")
+    else:
+        low, high = (int(v) for v in torch.aminmax(axes))
+        if low < 0 or high >= k:
+            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
+                             f"got values in [{low}, {high}]")
+        if positions.numel():
+            low, high = (int(v) for v in torch.aminmax(positions))
+            if low < 0:
+                raise ValueError(f"positions must be >= 0, got min {low}")
+            if high >= table_len and (short_table == "raise" or not table_len):
+                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
+                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
+                                 f"a longer table, e.g. RotaryEmbedding.tables({high + 1})")
+    if short_table == "repeat_last":
+        positions = positions.clamp_max(table_len - 1)
+    lead = (1,) * (x.ndim - positions.ndim) if positions.ndim == 2 else (
+        positions.shape[:1] + (1,) * (x.ndim - 3))
+    positions = positions.reshape(lead + positions.shape[-2:])
+    return positions.to(cos.device), axes.to(cos.device)
+
+
 def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
                      short_table: str) -> torch.Tensor:
     """positions as int64 (uint8 would index as a mask), after checking them."""
@@ -231,27 +299,37 @@ def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
     training step."""
-    x, cos, sin, layout, rotary_dim, inverse = inputs
+    x, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs
     tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    ctx.save_for_backward(x if tables_need_grad else None, cos, sin)
+    ctx.save_for_backward(x if tables_need_grad else None, cos, sin, positions, axes)
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
 
 
 def _backward(ctx, grad: torch.Tensor) -> tuple:
     """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator, inverted
     (differentiable again, for double backward; the kernel reads sin as -sin, so no negated
-    table is made); the grads of cos and sin from the pairs of x and g."""
-    x, cos, sin = ctx.saved_tensors
+    table is made); the grads of cos and sin from the pairs of x and g, summed over the
+    dims the rows broadcast over (and, with positions, into the table rows they came from)."""
+    x, cos, sin, positions, axes = ctx.saved_tensors
     layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
-        grad_x = kernels.rotate(grad, cos, sin, layout, rd, not inverse)
+        grad_x = kernels.rotate(grad, cos, sin, layout, rd, not inverse, positions, axes)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         a, b = kernels.pairs(x[..., :rd], layout)
         ga, gb = kernels.pairs(grad[..., :rd], layout)
-        grad_cos = (ga * a + gb * b).sum_to_size(cos.shape)
-        grad_sin = ((ga * b - gb * a) if inverse else (gb * a - ga * b)).sum_to_size(sin.shape)
-    return grad_x, grad_cos, grad_sin, None, None, None
+        grad_cos = ga * a + gb * b
+        grad_sin = (ga * b - gb * a) if inverse else (gb * a - ga * b)
+        if positions is None:
+            grad_cos, grad_sin = grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
+        else:
+            index = positions.index_select(-1, axes)
+            flat = index.reshape(-1, index.shape[-1])
+            grad_cos, grad_sin = (
+                torch.zeros_like(table).scatter_add_(
+                    0, flat, g.sum_to_size(index.shape).reshape(flat.shape).to(table.dtype))
+                for table, g in ((cos, grad_cos), (sin, grad_sin)))
+    return grad_x, grad_cos, grad_sin, None, None, None, None, None
 
 
 torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)
@@ -273,8 +351,10 @@ class _EagerRotation(torch.autograd.Function):
 
     @staticmethod
     def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                rotary_dim: int, inverse: bool) -> torch.Tensor:
-        return kernels.rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse)
+                rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
+                axes: torch.Tensor | None) -> torch.Tensor:
+        return kernels.rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions,
+                                    axes)
 
     setup_context = staticmethod(_setup_backward)
 

@@ -152,7 +152,9 @@ class RotaryEmbedding(nn.Module):
             ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling.
 
     ``dynamic`` says whether the frequencies depend on the length
-    (``ropelib.scaling.depends_on_length(scaling)``).
+    (``ropelib.scaling.depends_on_length(scaling)``). ``pair_axes``: with multi-axis
+    frequencies in which every pair follows one axis (M-RoPE), that axis per pair, int64
+    ``(dim // 2,)`` (``apply_rope(..., axes=)``: rows read from ``tables()``); else None.
 
     Buffers (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32, ``cos_cached``
     and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after ``double()``), the
@@ -172,8 +174,7 @@ class RotaryEmbedding(nn.Module):
         if self.frequencies is not None and scaling is not None:
             raise ValueError(f"pass either frequencies (multi-axis) or scaling, not both; got "
                              f"scaling={dict(scaling)!r}")
-        # the axis each pair follows, when every pair follows one (then rows are gathered)
-        self._pair_axes = None if self.frequencies is None or (
+        self.pair_axes = None if self.frequencies is None or (
             (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         if max_position_embeddings is not None:
             max_position_embeddings = check_count("max_position_embeddings",
@@ -339,10 +340,10 @@ class RotaryEmbedding(nn.Module):
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0:
             raise ValueError(f"positions must be >= 0, got min {low}")
-        if self._pair_axes is None:  # pairs turning with several axes: computed
+        if self.pair_axes is None:  # pairs turning with several axes: computed
             dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
             return axis_tables(positions.to(self.cos_cached.device), self.frequencies,
                                dtype=dtype)
         cos, sin = self.tables(high + 1)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
-                         self._pair_axes.to(cos.device))
+                         self.pair_axes.to(cos.device))

@@ -359,6 +359,92 @@ def test_compiled_gather_equals_the_eager_gather_and_double_tables(order):
     torch.testing.assert_close(sin64, exact_angles(positions, W).sin(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("order", ["chunked", "interleaved"])
+def test_apply_rope_with_axes_reads_the_rows_of_each_pair(order):
+    """``apply_rope(x, cos, sin, positions=p, axes=)`` rotates pair i by p[axes[i]] * theta_i:
+    against float64 angles (double tables, 1e-12), and bit for bit the rotation of the rows
+    gathered first, with the compiled loop (which reads the rows itself) and without it,
+    into out= and in place, for (seq, k) and (batch, seq, k) positions."""
+    from ropelib import native
+    W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
+    rotary = RotaryEmbedding(64, frequencies=W)
+    positions = large_positions(60, 3).reshape(2, 30, 3)
+    cos, sin = rotary.tables(int(positions.max()) + 1)
+    axes = rotary.pair_axes
+    assert torch.equal(axes, axis_of_pairs(64, [12, 10, 10], order))
+    x = torch.randn(2, 4, 30, 64)
+    for p in (positions[0], positions):
+        rows = rotary(positions=p)
+        rows = (rows[0][None, None], rows[1][None, None]) if p.ndim == 2 else (
+            rows[0][:, None], rows[1][:, None])
+        previous = native.set_enabled(False)
+        try:  # the eager paths: rows gathered by torch, then rotated
+            assert torch.equal(apply_rope(x, cos, sin, positions=p, axes=axes, layout="half"),
+                               apply_rope(x, *rows, layout="half"))
+        finally:
+            native.set_enabled(previous)
+        expected = apply_rope(x, *rows, layout="half")
+        assert torch.equal(apply_rope(x, cos, sin, positions=p, axes=axes, layout="half"),
+                           expected)
+        out = torch.empty_like(x)
+        apply_rope(x, cos, sin, positions=p, axes=axes, layout="half", out=out)
+        in_place = x.clone()
+        apply_rope(in_place, cos, sin, positions=p, axes=axes, layout="half", out=in_place)
+        assert torch.equal(out, expected) and torch.equal(in_place, expected)
+    cos64, sin64 = rotary.double().tables(int(positions.max()) + 1)
+    x64 = x.double()
+    exact = exact_angles(positions, W)[:, None].expand(2, 4, 30, 32)
+    torch.testing.assert_close(
+        apply_rope(x64, cos64, sin64, positions=positions, axes=axes, layout="interleaved"),
+        rope_by_pairs(x64, exact, "interleaved"), rtol=1e-12, atol=1e-12)
+
+
+def test_apply_rope_with_axes_is_differentiable():
+    """Gradients of the rotation through positions and axes: gradcheck in float64 for x and
+    the tables (the table grads add up in the rows the pairs were read from), the eager
+    training step equal to the rows gathered first, a torch.func grad, and one compiled
+    graph equal to eager."""
+    torch.manual_seed(3)
+    axes = torch.tensor([0, 1, 1, 2, 0, 2])
+    positions = torch.randint(0, 9, (2, 5, 3))
+    x = torch.randn(2, 2, 5, 14, dtype=F64, requires_grad=True)
+    cos = torch.randn(9, 6, dtype=F64, requires_grad=True)
+    sin = torch.randn(9, 6, dtype=F64, requires_grad=True)
+
+    def fused(x, cos, sin):
+        return apply_rope(x, cos, sin, positions=positions, axes=axes, rotary_dim=12)
+
+    def gathered(x, cos, sin):
+        index, pair = positions.index_select(-1, axes)[:, None], torch.arange(6)
+        return apply_rope(x, cos[index, pair], sin[index, pair], rotary_dim=12)
+
+    assert torch.autograd.gradcheck(fused, (x, cos, sin))
+    g = torch.randn(2, 2, 5, 14, dtype=F64)
+    for inputs in ((x, cos, sin), (x, cos.detach(), sin.detach())):
+        got = torch.autograd.grad(fused(*inputs), [t for t in inputs if t.requires_grad], g)
+        want = torch.autograd.grad(gathered(*inputs), [t for t in inputs if t.requires_grad], g)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    func_grad = torch.func.grad(lambda t: (fused(t, cos, sin) * g).sum())(x.detach())
+    torch.testing.assert_close(func_grad, torch.autograd.grad(fused(x, cos, sin), x, g)[0])
+    x32, cos32, sin32 = x.detach().float(), cos.detach().float(), sin.detach().float()
+    compiled = torch.compile(fused, fullgraph=True)
+    torch.testing.assert_close(compiled(x32, cos32, sin32), fused(x32, cos32, sin32))
+
+
+def test_apply_rope_with_axes_repeat_last_clamps_each_coordinate():
+    cos, sin = generate_rope_embeddings(10, 8)
+    positions = torch.tensor([[3, 12, 9], [15, 2, 11]])
+    axes = torch.tensor([0, 1, 2, 2])
+    x = torch.randn(1, 2, 2, 8)
+    clamped = apply_rope(x, cos, sin, positions=positions.clamp_max(9), axes=axes)
+    assert torch.equal(apply_rope(x, cos, sin, positions=positions, axes=axes,
+                                  short_table="repeat_last"), clamped)
+    with pytest.raises(ValueError, match=r"positions go up to 15 but the cos/sin table has "
+                                         r"only 10 rows"):
+        apply_rope(x, cos, sin, positions=positions, axes=axes)
+
+
 def test_rotary_embedding_computes_rows_of_mixed_frequencies():
     W = torch.randn(4, 2, dtype=F64)
     rotary = RotaryEmbedding(8, frequencies=W)
@@ -530,6 +616,46 @@ BAD = {
     "attention without rope": (
         lambda: StandardAttentionWithRoPE(16, 2, rope=False, frequencies=torch.eye(4, 2)),
         ValueError, r"frequencies \(multi-axis RoPE\) need rope=True"),
+    "axes shape": (lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                                      positions=torch.zeros(3, 2, dtype=torch.long),
+                                      axes=torch.zeros(3, dtype=torch.long)),
+                   ValueError, r"axes must have shape \(4,\).*got \(3,\)"),
+    "axes range": (lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                                      positions=torch.zeros(3, 2, dtype=torch.long),
+                                      axes=torch.tensor([0, 1, 2, 0])),
+                   ValueError, r"axes must be in \[0, 2\).*got values in \[0, 2\]"),
+    "axes float": (lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                                      positions=torch.zeros(3, 2, dtype=torch.long),
+                                      axes=torch.zeros(4)), TypeError, r"axes"),
+    "axes without positions": (
+        lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"axes needs multi-axis positions of shape \(3, k\)"),
+    "axes positions shape": (
+        lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                           positions=torch.zeros(3, dtype=torch.long),
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"positions with axes must have shape \(seq_len, k\) = \(3, k\).*\(3,\)"),
+    "axes positions batch": (
+        lambda: apply_rope(torch.zeros(2, 1, 3, 8), *generate_rope_embeddings(4, 8),
+                           positions=torch.zeros(3, 3, 2, dtype=torch.long),
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"\(batch, seq_len, k\) = \(2, 3, k\), got \(3, 3, 2\)"),
+    "axes negative position": (
+        lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                           positions=-torch.ones(3, 2, dtype=torch.long),
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"positions must be >= 0, got min -1"),
+    "axes and offset": (
+        lambda: apply_rope(torch.zeros(1, 3, 8), *generate_rope_embeddings(4, 8),
+                           positions=torch.zeros(3, 2, dtype=torch.long), offset=1,
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"pass either positions or offset"),
+    "axes gathered rows": (
+        lambda: apply_rope(torch.zeros(1, 3, 8), torch.ones(1, 3, 4), torch.ones(1, 3, 4),
+                           positions=torch.zeros(3, 2, dtype=torch.long),
+                           axes=torch.zeros(4, dtype=torch.long)),
+        ValueError, r"axes selects rows of 2-D tables \(table_len, 4\)"),
     "mixed head_dim": (lambda: RoPEMixed(6), ValueError, r"head_dim must be a multiple of 4"),
     "mixed positions": (lambda: RoPEMixed(8)(torch.zeros(3, 3)), ValueError, r"k = 2 axes"),
     "segments grid": (lambda: mrope_positions([(1, 3, 4)], spatial_merge_size=2), ValueError,

@@ -190,6 +190,66 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables):
     assert torch.equal(results[0][..., rd:], x[..., rd:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout):
+    """With positions, the loop reads pair i of a token at coordinates p from table row
+    p[axes[i]] itself, a tile at a time: against float64 rotations by the angles
+    p[axes[i]] * theta_i, and bit for bit against the same loop on rows gathered first
+    (kernels.gather_rows), for positions shared by the batch or one row per batch entry,
+    tokens on the diagonal (read from the table) and off it, a seq length that is not a
+    multiple of the tile, a partial rotation, in place, and 1, 2 or 5 threads."""
+    torch.manual_seed(0)
+    batch, heads, seq, dim, rd, k = 2, 3, 307, 80, 64, 3
+    axes = torch.tensor([2, 0, 1, 1] * (rd // 8) + [0] * (rd // 4))[:rd // 2]
+    table_len = 900
+    theta = angles(torch.arange(table_len), thetas(rd))
+    accumulate = F64 if dtype == F64 else torch.float32
+    cos, sin = theta.cos().to(accumulate), theta.sin().to(accumulate)
+    diagonal = torch.randint(0, table_len, (batch, seq, 1)).expand(batch, seq, k)
+    positions = torch.where(torch.rand(batch, seq, 1) < 0.4, diagonal,
+                            torch.randint(0, table_len, (batch, seq, k)))
+    x = torch.randn(batch, heads, seq, dim, dtype=F64)
+    threads = torch.get_num_threads()
+    for p in (positions[:1, None], positions[:, None]):  # (1, 1, seq, k), (batch, 1, seq, k)
+        exact = p.index_select(-1, axes).to(F64) * thetas(rd)
+        expected = rope_by_pairs(x[..., :rd], exact.expand(batch, heads, seq, rd // 2), layout)
+        rows = kernels.gather_rows(cos, sin, p, axes)
+        xd = x.to(dtype)
+        try:
+            results = []
+            for n in (1, 2, 5):
+                torch.set_num_threads(n)
+                results.append(native.rotate(xd, cos, sin, layout, rd, None, False, p, axes))
+                in_place = xd.clone()
+                native.rotate(in_place, cos, sin, layout, rd, in_place, False, p, axes)
+                assert torch.equal(in_place, results[-1])
+        finally:
+            torch.set_num_threads(threads)
+        assert all(torch.equal(results[0], r) for r in results[1:])
+        assert torch.equal(results[0], native.rotate(xd, *rows, layout, rd))
+        tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(results[0][..., :rd].to(F64), expected, rtol=tol, atol=tol)
+        assert torch.equal(results[0][..., rd:], xd[..., rd:])
+        inverse = native.rotate(results[0], cos, sin, layout, rd, None, True, p, axes)
+        torch.testing.assert_close(inverse.to(F64), xd.to(F64), rtol=2 * tol, atol=2 * tol)
+
+
+def test_the_loop_checks_every_coordinate_and_axis():
+    x = torch.randn(1, 2, 40, 16)
+    cos, sin = torch.randn(50, 8), torch.randn(50, 8)
+    positions = torch.randint(0, 50, (1, 1, 40, 2))
+    axes = torch.tensor([0, 1] * 4)
+    for bad_positions, bad_axes in ((positions.clamp_max(49) + (positions == 7) * 43, axes),
+                                    (positions - (positions == 9) * 10, axes),
+                                    (positions, axes.clone().fill_(2)),
+                                    (positions, axes - 1)):
+        with pytest.raises(ValueError, match=r"positions must be in \[0, 50\)"):
+            native.rotate(x, cos, sin, "half", 16, None, False, bad_positions, bad_axes)
+    assert native.supports_axes(x, 16)
+    assert not native.supports_axes(torch.zeros(1, 1, 4, 8192), 8192)  # a row over 16 KiB
+
+
 def test_axis_rows_read_each_pair_from_its_axis_row():
     """The compiled gather of M-RoPE rows: pair i of token n is column i of table row
     positions[n, pair_axes[i]], for float32 and float64 tables, one or several threads, and

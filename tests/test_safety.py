@@ -412,6 +412,14 @@ def test_operator_registration_passes_opcheck():
     positions = torch.randint(0, 6, (2, 5, 3))
     pair_axes = torch.tensor([0, 2, 1, 1])
     torch.library.opcheck(torch.ops.ropelib.axis_rows.default, (cos, sin, positions, pair_axes))
+    coordinates = positions[:, None, :, :].expand(2, 1, 5, 3)
+    rows = torch.randn(2, 1, 5, 8, requires_grad=True)
+    for x_axes in (rows, rows.detach().bfloat16()):
+        torch.library.opcheck(torch.ops.ropelib.rotate.default,
+                              (x_axes, cos, sin, "half", 8, False, coordinates, pair_axes))
+    torch.library.opcheck(torch.ops.ropelib.rotate_out.default,
+                          (rows.detach(), cos, sin, "interleaved", 8, torch.empty(2, 1, 5, 8),
+                           coordinates, pair_axes))
 
 
 # Row 12 --------------------------------------------------------------------------------------

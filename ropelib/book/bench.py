@@ -85,9 +85,11 @@ def hf_mrope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
 
 def mrope_candidates(x: torch.Tensor, positions: torch.Tensor, sections: list[int],
                      base: float = 1e6) -> dict[str, Callable[[], object]]:
-    """M-RoPE on x ``(B, H, seq, d)`` at positions ``(seq, 3)``: copy baselines, ropelib (the
-    per-token rows gathered from its cache, then the same kernel as 1D; and the kernel alone
-    on rows made beforehand) and Hugging Face's recomposition + rotate_half."""
+    """M-RoPE on x ``(B, H, seq, d)`` at positions ``(seq, 3)``: copy baselines; ropelib as
+    ``StandardAttentionWithRoPE`` calls it (the cached tables and ``apply_rope(...,
+    axes=)``, whose loop reads each token's rows itself), ropelib in two steps (the rows
+    gathered by ``RotaryEmbedding(positions=)``, then the 1D rotation) and the rotation
+    alone on rows made beforehand; Hugging Face's recomposition + rotate_half."""
     head_dim = x.shape[-1]
     rotary = RotaryEmbedding(head_dim, frequencies=axis_frequencies(head_dim, sections,
                                                                     base=base))
@@ -97,11 +99,16 @@ def mrope_candidates(x: torch.Tensor, positions: torch.Tensor, sections: list[in
     buffer = torch.empty_like(x)
 
     def ropelib_mrope() -> torch.Tensor:
+        c, s = rotary.tables(int(positions.max()) + 1, x.device)
+        return apply_rope(x, c, s, positions=positions, axes=rotary.pair_axes, layout="half")
+
+    def rows_first() -> torch.Tensor:
         c, s = rotary(positions=positions)
         return apply_rope(x, c[None, None], s[None, None], layout="half")
 
     return {"clone": x.clone, "copy_": lambda: buffer.copy_(x),
             "ropelib M-RoPE": ropelib_mrope,
+            "ropelib M-RoPE, rows first": rows_first,
             "ropelib M-RoPE, rows given": lambda: apply_rope(x, cos[None, None], sin[None, None],
                                                              layout="half"),
             "hf_mrope": lambda: hf_mrope(x, positions, inv_freq, sections)}
