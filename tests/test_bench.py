@@ -82,8 +82,9 @@ def test_bytes_moved_is_a_read_and_a_write():
 
 
 def test_mrope_candidates_rotate_by_the_multi_axis_angles():
-    """ropelib's M-RoPE rows (gathered or given) and the written-out HF peer rotate x by
-    sum_a p_a W[i, a] (float64 reference), and the peer is what transformers computes."""
+    """ropelib's M-RoPE (rows read in the loop, gathered first, or given) and the
+    written-out HF peer rotate x by sum_a p_a W[i, a] (float64 reference), and the peer is
+    what transformers computes."""
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
     from transformers.models.qwen2_vl.modeling_qwen2_vl import (
         Qwen2VLRotaryEmbedding,
@@ -96,8 +97,8 @@ def test_mrope_candidates_rotate_by_the_multi_axis_angles():
     positions = mrope_positions([3, (1, 4, 6), 2, (2, 2, 2)], spatial_merge_size=2) + 1000
     x = torch.randn(1, 2, positions.shape[0], 16)
     cases = bench.mrope_candidates(x, positions, sections, base=base)
-    assert set(cases) == {"clone", "copy_", "ropelib M-RoPE", "ropelib M-RoPE, rows given",
-                          "hf_mrope"}
+    assert set(cases) == {"clone", "copy_", "ropelib M-RoPE", "ropelib M-RoPE, rows first",
+                          "ropelib M-RoPE, rows given", "hf_mrope"}
     W = axis_frequencies(16, sections, base=base)
     expected = rope_by_pairs(x.to(F64), positions.to(F64) @ W.T, "half")
     for name, fn in cases.items():
