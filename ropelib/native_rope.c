@@ -13,8 +13,9 @@
  * out is either x itself (in place: each pair is read before it is written) or memory that
  * does not overlap x; ropelib checks this before calling. The rows, in tiles that keep the
  * tables' rows in the cache across heads (DEFINE_RANGE), are split into `threads` ranges run by
- * OpenMP, sharing the thread pool PyTorch already runs. rope_axis_rows_* gathers multi-axis
- * RoPE's rows (M-RoPE) from the 1D tables.
+ * OpenMP, sharing the thread pool PyTorch already runs. For multi-axis RoPE whose pairs each
+ * follow one axis (M-RoPE), rope_*_axes reads each token's rows from the 1D tables through
+ * its coordinates inside the loop, and rope_axis_rows_* gathers them into tensors.
  */
 #include <stdint.h>
 #include <string.h>
@@ -27,11 +28,18 @@
 
 /* One compiled copy per instruction set, chosen by the CPU at load time (x86-64 Linux GCC).
  * Only the function marked is cloned, so every helper it calls is forced inline: a helper
- * left out of line would run its baseline (SSE2) build inside the AVX clones. */
+ * left out of line would run its baseline (SSE2) build inside the AVX clones. The rotation's
+ * loops have an AVX-512 copy of their own (ROPE_WIDE, chosen per call by rope_wide()), since
+ * its bfloat16 blocks are written in 64-byte vectors, which the AVX2 build would split badly,
+ * and a copy per narrower instruction set (ROPE_NARROW_TARGETS). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define ROPE_TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define ROPE_NARROW_TARGETS __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define ROPE_WIDE_TARGET __attribute__((target("arch=x86-64-v4")))
+#define ROPE_WIDE 1
 #else
 #define ROPE_TARGETS
+#define ROPE_NARROW_TARGETS
 #endif
 #if defined(__GNUC__)
 #define ROPE_INLINE static inline __attribute__((always_inline))
@@ -171,9 +179,60 @@ ROPE_INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float
     return i;
 }
 #define BF16_HALF_BLOCKS bf16_half_blocks
+
+/* The same in blocks of 32 pairs for the AVX-512 build (ROPE_WIDE), in 64-byte vectors and
+ * without moving a lane of x: the 32 values of a (and of b) are read as 16 32-bit words,
+ * whose low halves are the even pairs and high halves the odd ones, so a shift and a mask
+ * widen them to float32; the tables are split into their even and odd entries to match, and
+ * the rounded results go back into the halves of the words. Same arithmetic and rounding,
+ * so the same bits, and out may be x. */
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+/* Words from the results for the pairs' low (even) and high (odd) 16 bits, each rounded to
+ * bfloat16 as bf16_store does. Vectors by address, as above. */
+ROPE_INLINE void bf16_round_pack(u32x16 *o, const f32x16 *even, const f32x16 *odd) {
+    u32x16 u = (u32x16)*even, v = (u32x16)*odd;
+    u32x16 nan_u = (u32x16)(*even != *even), nan_v = (u32x16)(*odd != *odd);
+    u = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan_u) | (0x7fc00000u & nan_u);
+    v = ((v + 0x7fffu + ((v >> 16) & 1u)) & ~nan_v) | (0x7fc00000u & nan_v);
+    *o = (u >> 16) | (v & 0xffff0000u);
+}
+
+#define EVEN16 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define ODD16 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+ROPE_INLINE int64_t bf16_half_blocks_wide(const uint16_t *x, uint16_t *o, const float *c,
+                                          const float *s, float sign, int64_t h) {
+    int64_t i = 0;
+    for (; i + 32 <= h; i += 32) {
+        u32x16 wa, wb, ra, rb;
+        f32x16 c0, c1, s0, s1;
+        memcpy(&wa, x + i, sizeof wa);
+        memcpy(&wb, x + i + h, sizeof wb);
+        memcpy(&c0, c + i, sizeof c0);
+        memcpy(&c1, c + i + 16, sizeof c1);
+        memcpy(&s0, s + i, sizeof s0);
+        memcpy(&s1, s + i + 16, sizeof s1);
+        f32x16 ae = (f32x16)(wa << 16), ao = (f32x16)(wa & 0xffff0000u);
+        f32x16 be = (f32x16)(wb << 16), bo = (f32x16)(wb & 0xffff0000u);
+        f32x16 ce = __builtin_shufflevector(c0, c1, EVEN16);
+        f32x16 co = __builtin_shufflevector(c0, c1, ODD16);
+        f32x16 se = __builtin_shufflevector(s0, s1, EVEN16) * sign;
+        f32x16 so = __builtin_shufflevector(s0, s1, ODD16) * sign;
+        f32x16 nae = ae * ce - be * se, nao = ao * co - bo * so;
+        f32x16 nbe = ae * se + be * ce, nbo = ao * so + bo * co;
+        bf16_round_pack(&ra, &nae, &nao);
+        bf16_round_pack(&rb, &nbe, &nbo);
+        memcpy(o + i, &ra, sizeof ra);
+        memcpy(o + i + h, &rb, sizeof rb);
+    }
+    return i;
+}
+#define BF16_HALF_BLOCKS_WIDE bf16_half_blocks_wide
 #else
 #define F32_BLOCKS NO_BLOCKS
 #define BF16_HALF_BLOCKS NO_BLOCKS
+#define BF16_HALF_BLOCKS_WIDE NO_BLOCKS
 #endif
 #define NO_BLOCKS(x, o, c, s, sign, h) 0
 
@@ -232,8 +291,8 @@ ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,       
  * stay the same (across heads); a row whose coordinates are all equal (text on the diagonal)
  * is read from the table itself. A coordinate outside [0, table_len) stops the range with -1
  * (its rows incomplete); otherwise the result is 0. */
-#define DEFINE_RANGE(NAME, T, ACC)                                                             \
-static ROPE_TARGETS int64_t NAME##_range(                                                      \
+#define DEFINE_RANGE(NAME, T, ACC, TARGETS)                                                    \
+static TARGETS int64_t NAME##_range(                                                           \
         const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t begin, int64_t end,    \
         int64_t ndim, const int64_t *sizes, const int64_t *x_strides,                          \
         const int64_t *out_strides, const int64_t *table_strides, int64_t head_dim,            \
@@ -325,9 +384,26 @@ static ROPE_TARGETS int64_t NAME##_range(                                       
  * coordinate not in [0, table_len) (then out is incomplete) or a gathered row would not fit
  * in a tile (rotary_dim * sizeof(ACC) > ROPE_TILE_BYTES). */
 #define ROPE_TILE_BYTES 16384
-#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
+#if defined(ROPE_WIDE)
+#define DEFINE_WIDE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                \
+DEFINE_ROWS(NAME##_wide, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                 \
+DEFINE_RANGE(NAME##_wide, T, ACC, ROPE_WIDE_TARGET)
+#define WIDE_OR(NAME) (rope_wide() ? NAME##_wide_range : NAME##_range)
+
+/* Whether this CPU runs the AVX-512 build (x86-64-v4: AVX512F, BW, CD, DQ and VL). */
+static int rope_wide(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq")
+        && __builtin_cpu_supports("avx512vl");
+}
+#else
+#define DEFINE_WIDE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)
+#define WIDE_OR(NAME) NAME##_range
+#endif
+#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS, WIDE_HBLOCKS)  \
 DEFINE_ROWS(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS)                        \
-DEFINE_RANGE(NAME, T, ACC)                                                                     \
+DEFINE_RANGE(NAME, T, ACC, ROPE_NARROW_TARGETS)                                                \
+DEFINE_WIDE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, WIDE_HBLOCKS, IBLOCKS)                   \
 int64_t NAME##_axes(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int64_t threads,   \
                     int64_t ndim, const int64_t *dims, int64_t head_dim, int64_t rotary_dim,   \
                     int64_t half_layout, int64_t inverse, const int64_t *positions,            \
@@ -347,14 +423,18 @@ int64_t NAME##_axes(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, int6
     int64_t units = (run_size + tile - 1) / tile;                                              \
     for (int64_t d = 0; d + 1 < ndim; d++) units *= sizes[d];                                  \
     if (threads > units) threads = units;                                                      \
+    int64_t (*range)(const T *, T *, const ACC *, const ACC *, int64_t, int64_t, int64_t,      \
+                     const int64_t *, const int64_t *, const int64_t *, const int64_t *,       \
+                     int64_t, int64_t, int64_t, ACC, int64_t, const int64_t *,                 \
+                     const int32_t *, int64_t, int64_t) = WIDE_OR(NAME);                       \
     if (threads <= 1)                                                                          \
-        return NAME##_range(x, out, cos_t, sin_t, 0, units, ndim, sizes, x_strides,            \
+        return range(x, out, cos_t, sin_t, 0, units, ndim, sizes, x_strides,            \
                             out_strides, table_strides, head_dim, rotary_dim, half_layout,     \
                             sign, tile, positions, axes, k, table_len);                        \
     int64_t status = 0;                                                                        \
     _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")   \
     for (int64_t t = 0; t < threads; t++)                                                      \
-        status |= NAME##_range(x, out, cos_t, sin_t, units * t / threads,                      \
+        status |= range(x, out, cos_t, sin_t, units * t / threads,                             \
                                units * (t + 1) / threads, ndim, sizes, x_strides,              \
                                out_strides, table_strides, head_dim, rotary_dim, half_layout,  \
                                sign, tile, positions, axes, k, table_len);                     \
@@ -380,10 +460,12 @@ int64_t rope_threaded(void) {
 #endif
 }
 
-DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, F32_BLOCKS)
-DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, NO_BLOCKS)
+DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, F32_BLOCKS,
+            NO_BLOCKS)
+DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS, NO_BLOCKS,
+            NO_BLOCKS)
 DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE,
-            BF16_HALF_BLOCKS, NO_BLOCKS)
+            BF16_HALF_BLOCKS, NO_BLOCKS, BF16_HALF_BLOCKS_WIDE)
 
 /* Multi-axis RoPE's rows when every pair follows one axis (M-RoPE): pair i of token n is
  * read from the row of that axis' coordinate, cos_out[n, i] = cos_t[positions[n, axes[i]], i]

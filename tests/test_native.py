@@ -74,10 +74,10 @@ def torch_float32_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, la
 def test_bfloat16_rounds_once_like_torch(layout, in_place):
     """bf16 in, float32 arithmetic, one rounding: bit-identical to torch doing the same float32
     operations and rounding with .to(bfloat16), for rows of 1 to 40 pairs (in the half layout:
-    vector blocks of 16 pairs plus a scalar tail, or only a tail) and transposed views. The
-    inputs are random bit patterns, and one row cycles through NaN, inf, -inf, the largest
-    finite value, a negative NaN and the smallest subnormal, in every channel; every NaN comes
-    out as 0x7fc0."""
+    vector blocks of 16 pairs, or of 32 on an AVX-512 CPU, plus a scalar tail, or only a tail)
+    and transposed views. The inputs are random bit patterns, and one row cycles through NaN,
+    inf, -inf, the largest finite value, a negative NaN and the smallest subnormal, in every
+    channel; every NaN comes out as 0x7fc0."""
     torch.manual_seed(0)
     specials = torch.tensor([0x7fc0, 0x7f80, 0xff80, 0x7f7f, 0xffff, 0x0001]).to(torch.int16)
     for dim in range(2, 82, 2):
