@@ -10,7 +10,8 @@ layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer
 Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
 The path of a call, each module once: ``apply_rope`` here checks the arguments and selects
-the table rows of x's positions (a view, or a gather for ``positions``); the operator
+the table rows of x's positions (a view, or a gather for ``positions``; multi-axis
+positions with ``axes`` are handed on, for the kernel to read the rows itself); the operator
 ``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
 an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
 so the autograd formula registered here for that operator is the same operator with
@@ -63,7 +64,7 @@ def apply_rope(
             for tensors that do not require grad.
         axes: multi-axis RoPE whose pairs each follow one axis (M-RoPE, Qwen2-VL; Wang et
             al. 2024): integer ``(rotary_dim // 2,)``, the coordinate each pair turns with
-            (``RotaryEmbedding.pair_axes``, ``ropelib.axis_of_pairs``). Pair i of a token at
+            (``RotaryEmbedding.pair_axes``, ``ropelib.multiaxis.axis_of_pairs``). Pair i of a token at
             coordinates p then reads row ``p[axes[i]]`` of the 2-D tables, which hold the
             diagonal's angles m * theta_i. On the CPU the compiled loop reads those rows
             itself, a tile of tokens at a time reused across heads, instead of gathering
