@@ -132,13 +132,18 @@ ROPE_INLINE int64_t f32_interleaved_blocks(const float *x, float *o, const float
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
+/* Float32 bit patterns (vectors of words) rounded to bfloat16 in their high 16 bits, as
+ * bf16_store rounds: add 0x7fff plus the lowest kept bit; where `nan` is set, 0x7fc0. */
+#define BF16_ROUND_WORDS(u, nan) ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan)) \
+                                  | (0x7fc00000u & (nan)))
+
 /* o[0..15] = the 16 results in lo (pairs 0-3, 8-11) and hi (4-7, 12-15), rounded to bfloat16.
  * Vectors are passed by address: as arguments they would change the ABI between the builds. */
 ROPE_INLINE void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi) {
     u32x8 u = (u32x8)*lo, v = (u32x8)*hi;
     u32x8 nan_u = (u32x8)(*lo != *lo), nan_v = (u32x8)(*hi != *hi);
-    u = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan_u) | (0x7fc00000u & nan_u);
-    v = ((v + 0x7fffu + ((v >> 16) & 1u)) & ~nan_v) | (0x7fc00000u & nan_v);
+    u = BF16_ROUND_WORDS(u, nan_u);
+    v = BF16_ROUND_WORDS(v, nan_v);
     u16x16 packed = __builtin_shufflevector((u16x16)u, (u16x16)v, 1, 3, 5, 7, 17, 19, 21, 23,
                                             9, 11, 13, 15, 25, 27, 29, 31);
     memcpy(o, &packed, sizeof packed);
@@ -194,8 +199,8 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 ROPE_INLINE void bf16_round_pack(u32x16 *o, const f32x16 *even, const f32x16 *odd) {
     u32x16 u = (u32x16)*even, v = (u32x16)*odd;
     u32x16 nan_u = (u32x16)(*even != *even), nan_v = (u32x16)(*odd != *odd);
-    u = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan_u) | (0x7fc00000u & nan_u);
-    v = ((v + 0x7fffu + ((v >> 16) & 1u)) & ~nan_v) | (0x7fc00000u & nan_v);
+    u = BF16_ROUND_WORDS(u, nan_u);
+    v = BF16_ROUND_WORDS(v, nan_v);
     *o = (u >> 16) | (v & 0xffff0000u);
 }
 
