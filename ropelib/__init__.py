@@ -8,6 +8,7 @@ Plotting and sliders live in ``ropelib.viz`` (matplotlib, ipywidgets).
 """
 
 from .attention import KVCache, StandardAttentionWithRoPE
+from .kernels import backend_status
 from .layouts import (
     convert_activations,
     convert_attention_state_dict,
@@ -23,7 +24,7 @@ from .positions import (
     positions_from_cu_seqlens,
     positions_from_padding_mask,
 )
-from .rotation import apply_rope
+from .rotation import apply_rope, apply_rope_qk
 from .scaling import scaled_frequencies
 from .tables import RotaryEmbedding, generate_rope_embeddings, rope_frequencies
 
@@ -35,8 +36,10 @@ __all__ = [
     "RotaryEmbedding",
     "StandardAttentionWithRoPE",
     "apply_rope",
+    "apply_rope_qk",
     "axis_frequencies",
     "axis_tables",
+    "backend_status",
     "causal_mask",
     "convert_activations",
     "convert_attention_state_dict",

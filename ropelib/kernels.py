@@ -1,48 +1,51 @@
-"""The rotation's arithmetic, arranged to move as few bytes as possible.
+"""The rotation as PyTorch operators, and the one choice of the backend that runs it.
 
-RoPE reads x once and writes the result once, like a copy; everything beyond that is
-overhead. On the CPU, for float32, float64 and bfloat16, ``ropelib.native`` does it in one
-compiled loop (path ``"native"``) whenever its C compiler was found. Elsewhere, in eager
-PyTorch:
+A call of ``apply_rope`` comes down here once, with its rows or positions prepared by
+``ropelib.rotation``, and goes to exactly one backend, chosen here per call (``backend_for``):
 
-- **Interleaved layout, float32/float64:** a pair (a, b) is the complex number a + ib and the
-  rotation is one complex multiply by e^{i m theta} (``view_as_complex``): a single pass.
-- **Interleaved layout, float16/bfloat16:** there is no half-precision complex multiply on the
-  CPU, so x is widened to float32 once, rotated there in place and rounded once into ``out``
-  (which is also more accurate than three rounded half-precision operations).
-- **Otherwise:** ``out = x * cos_wide`` (cos repeated to full width in the layout's pair
-  order), then ``out_a -= b * sin`` and ``out_b += a * sin`` with ``addcmul_``: two passes, no
-  temporaries.
-- **In place** (``out`` is ``x``): the complex multiply works in place as it is; otherwise the
-  first member of every pair is saved (half of x), then ``a = a cos - b sin`` and
-  ``b = b cos + a_saved sin``.
+- ``native`` (``ropelib.native``): the compiled C loop, on the CPU, float32/float64/bfloat16;
+- ``triton`` (``ropelib.triton_rope``): the Triton kernel on a GPU (float32, bfloat16,
+  float16), q and k in one launch; Triton is imported when the first CUDA tensor arrives;
+- ``eager`` (``ropelib.eager``): PyTorch operations, everywhere else.
 
-Every path is exact up to the rounding of the dtype; the tests compare each against float64.
+Every backend has the same two functions: ``declines(xs, outs, cos, sin, rotary_dim,
+positions)`` returns None when it takes the call, else why not, and ``run(xs, outs, cos, sin,
+layout, rotary_dim, inverse, positions, axes)`` rotates (each prepares its own tables). The
+first backend of the device's order that takes the call runs it. The environment variable
+``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per call) forces one, for tests
+and benchmarks; ``triton`` with CPU tensors runs the kernel in Triton's interpreter. A forced
+backend that declines is an error that says why. ``backend_status(device)`` says which backend
+a device's calls take.
 
-The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output) and
-``ropelib::rotate_out`` (into a given ``out``), registered with ``torch.library.custom_op``
-and a fake implementation, so ``torch.compile``, ``torch.export`` and ``torch.jit.trace``
-see one opaque node whose shape they know; ``rotate`` and ``rotate_out`` call them. Their
-implementation is ``rotate_plain``: it picks the path for the tensors of this call and
-prepares the tables for it, every call, keeping nothing; for plain tensors in eager mode
-that need no gradient, ``rotate`` calls it directly (``plain_call``), and so does the eager
-training step's autograd node in ``ropelib.rotation``. The autograd formula is registered
-by ``ropelib.rotation``. ``rotate_composite`` is the same rotation written in
-differentiable PyTorch operations, for ``torch.func`` transforms and forward-mode AD, which
-must not hand the kernel their wrapped tensors.
+The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
+``ropelib::rotate_out`` (into a given ``out``) and, for a query and a key rotated together,
+``ropelib::rotate_qk`` and ``ropelib::rotate_qk_out``, registered with
+``torch.library.custom_op`` and a fake implementation, so ``torch.compile``, ``torch.export``
+and ``torch.jit.trace`` see one opaque node whose shape they know. For plain tensors in eager
+mode that need no gradient, ``rotate`` and its siblings call the implementation directly
+(``plain_call``). The autograd formulas are registered by ``ropelib.rotation``;
+``eager.rotate_composite`` is the same rotation in differentiable PyTorch operations, for
+``torch.func`` transforms and forward-mode AD, which must not hand a kernel their wrapped
+tensors.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import native
+from . import eager, native
 
-_COMPLEX_DTYPES = (torch.float32, torch.float64)
-_UPCAST_DTYPES = (torch.float16, torch.bfloat16)
+BACKENDS = ("native", "triton", "eager")
+ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
 
 
 @torch.library.custom_op("ropelib::rotate", mutates_args=())
@@ -115,6 +118,87 @@ def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
                                              axes)
 
 
+@torch.library.custom_op("ropelib::rotate_qk", mutates_args=())
+def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  layout: str, rotary_dim: int, inverse: bool = False,
+                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
+    heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
+    (one read of the table rows for both): two new contiguous tensors."""
+    q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
+                               positions, axes)
+    return q_out, k_out
+
+
+@_rotate_qk_op.register_fake
+def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    layout: str, rotary_dim: int, inverse: bool = False,
+                    positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format))
+
+
+@torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
+def _rotate_qk_out_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
+                      positions: torch.Tensor | None = None,
+                      axes: torch.Tensor | None = None) -> None:
+    """``ropelib::rotate_qk`` written into ``q_out`` and ``k_out`` (each its tensor itself, or
+    memory that shares no element with q, k, the other destination or the tables)."""
+    _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes)
+
+
+@_rotate_qk_out_op.register_fake
+def _rotate_qk_out_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
+                        positions: torch.Tensor | None = None,
+                        axes: torch.Tensor | None = None) -> None:
+    return None
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              layout: str, rotary_dim: int, inverse: bool = False,
+              positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ropelib::rotate_qk`` (arguments as there)."""
+    if plain_call(q, k, cos, sin, *_given(positions, axes)):
+        q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
+                                   positions, axes)
+        return q_out, k_out
+    return torch.ops.ropelib.rotate_qk.default(q, k, cos, sin, layout, rotary_dim, inverse,
+                                               positions, axes)
+
+
+def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
+                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
+                  ) -> None:
+    """``ropelib::rotate_qk_out``: both destinations' version counters are bumped."""
+    if plain_call(q, k, cos, sin, q_out, k_out, *_given(positions, axes)):
+        _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes)
+        torch.autograd.graph.increment_version((q_out, k_out))
+    else:
+        torch.ops.ropelib.rotate_qk_out.default(q, k, cos, sin, layout, rotary_dim, q_out,
+                                                k_out, positions, axes)
+
+
+def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
+                    positions: torch.Tensor | None, axes: torch.Tensor | None) -> None:
+    """``run_backend`` of q and k into their destinations, after checking that no
+    destination overwrites what the other rotation still reads or writes."""
+    check_out_memory(q, q_out, cos, sin, "q_out", "q")
+    check_out_memory(k, k_out, cos, sin, "k_out", "k")
+    for name, a, other, b in (("q_out", q_out, "k", k), ("k_out", k_out, "q", q),
+                              ("q_out", q_out, "k_out", k_out)):
+        if _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b):
+            raise ValueError(f"{name} shares memory with {other}; rotating q and k together "
+                             "needs destinations apart from the other tensor")
+    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes)
+
+
 def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     return tuple(t for t in tensors if t is not None)
 
@@ -143,19 +227,25 @@ def plain_tensor(t: torch.Tensor) -> bool:
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
                  axes: torch.Tensor | None) -> None:
-    """``rotate_plain`` into ``out`` after checking its memory, on the real tensors (so
-    also in a compiled graph): out may not overlap the tables, nor share an element with x
-    unless it is x itself."""
+    """``rotate_plain`` into ``out`` after ``check_out_memory``."""
+    check_out_memory(x, out, cos, sin)
+    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes)
+
+
+def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
+    """Checked on the real tensors (so also in a compiled graph): out may not overlap the
+    tables, nor share an element with x unless it is x itself."""
     out_span = _byte_span(out)
-    for name, table in (("cos", cos), ("sin", sin)):
+    for table_name, table in (("cos", cos), ("sin", sin)):
         if _intersect(out_span, _byte_span(table)):
-            raise ValueError(f"out shares memory with {name}; the rotation would overwrite "
-                             "the table it reads. Pass a separate buffer")
+            raise ValueError(f"{name} shares memory with {table_name}; the rotation would "
+                             "overwrite the table it reads. Pass a separate buffer")
     if ((out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride())
             and _intersect(out_span, _byte_span(x)) and _share_elements(out, x)):
-        raise ValueError("out shares memory with x but is not x itself (other strides or "
-                         "offset); pass out=x for an in-place rotation or a separate buffer")
-    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes)
+        raise ValueError(f"{name} shares memory with {x_name} but is not {x_name} itself "
+                         f"(other strides or offset); pass {name}={x_name} for an in-place "
+                         "rotation or a separate buffer")
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
@@ -203,148 +293,79 @@ def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                  rotary_dim: int, out: torch.Tensor | None, inverse: bool,
                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
                  ) -> torch.Tensor:
-    """The operators' implementation: the path for these tensors, its tables, the rotation
-    (by the opposite angles with ``inverse``: the compiled loop negates sin as it reads it,
-    the eager paths negate their copy of the table). With ``positions``, the compiled loop
-    gathers the rows itself, a tile at a time (``native.supports_axes``); the other paths
-    gather them first (``gather_rows``). Called directly only for plain tensors in eager
-    mode (``plain_call``); arguments as for ``ropelib::rotate``."""
-    path = choose_path(x, out, layout, rotary_dim)
-    if positions is not None:
-        if path == "native" and native.supports_axes(x, rotary_dim):
-            cos, sin = prepare_tables(cos, sin, path, x.dtype, layout)
-            return native.rotate(x, cos, sin, layout, rotary_dim, out, inverse, positions,
-                                 axes)
-        cos, sin = gather_rows(cos, sin, positions, axes)
-    tables = prepare_tables(cos, sin, path, x.dtype, layout, inverse)
-    if path == "native":
-        return native.rotate(x, tables[0], tables[1], layout, rotary_dim, out, inverse)
-    in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    xr, outr = x, out
-    if rotary_dim < x.shape[-1]:
-        if not in_place:
-            out[..., rotary_dim:].copy_(x[..., rotary_dim:])
-        xr, outr = x[..., :rotary_dim], out[..., :rotary_dim]
-    if path == "complex":
-        torch.mul(_as_complex(xr), tables[0], out=_as_complex(outr))
-        return out
-    if path == "upcast":
-        wide = xr.to(torch.float32, memory_format=torch.contiguous_format)
-        _as_complex(wide).mul_(tables[0])
-        outr.copy_(wide)
-        return out
-    cos, sin, cos_wide = tables
-    a, b = pairs(xr, layout)
-    if in_place:
-        a_saved = a.clone()
-        a.mul_(cos).addcmul_(b, sin, value=-1)
-        b.mul_(cos).addcmul_(a_saved, sin)
-        return out
-    out_a, out_b = pairs(outr, layout)
-    torch.mul(xr, cos_wide, out=outr)
-    out_a.addcmul_(b, sin, value=-1)
-    out_b.addcmul_(a, sin)
-    return out
+    """The operators' implementation for one tensor: ``run_backend`` of ``[x]``."""
+    return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes)[0]
 
 
-def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
-    """``"native"`` (the compiled CPU loop), ``"complex"``, ``"upcast"`` (half precision via
-    float32 complex) or ``"pairs"``."""
-    if native.supports(x, out):
-        return "native"
-    if layout == "interleaved":
-        if x.dtype in _UPCAST_DTYPES:
-            return "upcast"
-        if (x.dtype in _COMPLEX_DTYPES and _complex_viewable(x[..., :rotary_dim])
-                and (out is None or _complex_viewable(out[..., :rotary_dim]))):
-            return "complex"
-    return "pairs"
+def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+                inverse: bool, positions: torch.Tensor | None = None,
+                axes: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
+    and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
+    directly only for plain tensors in eager mode (``plain_call``); arguments as for
+    ``ropelib::rotate``."""
+    backend = backend_for(xs, outs, cos, sin, rotary_dim, positions)
+    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
 
 
-def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype,
-                   layout: str, inverse: bool = False) -> tuple[torch.Tensor, ...]:
-    """The tables a path multiplies by, with the rows (dim -2) of cos and sin.
-
-    ``"native"``: (cos, sin), contiguous, float64 for float64 x and float32 otherwise (the
-    loop itself negates sin for ``inverse``); ``"complex"``: (e^{i m theta} in x's
-    precision,); ``"upcast"``: (e^{i m theta} in float32,); ``"pairs"``: (cos, sin, cos
-    widened to full width), in x's dtype. With ``inverse`` the eager paths' tables are
-    those of -theta (sin negated).
-    """
-    if path == "native":
-        accumulate = torch.float64 if dtype == torch.float64 else torch.float32
-        if cos.dtype != accumulate or sin.dtype != accumulate:
-            cos, sin = cos.to(accumulate), sin.to(accumulate)
-        return cos.contiguous(), sin.contiguous()
-    if inverse:
-        sin = -sin
-    if path == "complex":
-        return (torch.complex(cos.to(dtype), sin.to(dtype)),)
-    if path == "upcast":
-        return (torch.complex(cos.float(), sin.float()),)
-    cos, sin = cos.to(dtype), sin.to(dtype)
-    return cos, sin, _widen(cos, layout)
+def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+                positions: torch.Tensor | None = None) -> ModuleType:
+    """The backend that runs this call: the one ``ROPELIB_BACKEND`` names (a ValueError if
+    it declines), else the first of the device's ``ORDER`` that takes it."""
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
+        backend, reason = _backend(forced)
+        reason = reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+        if reason:
+            raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
+        return backend
+    for name in ORDER.get(xs[0].device.type, ()):
+        backend, reason = _backend(name)
+        if backend is not None and not backend.declines(xs, outs, cos, sin, rotary_dim,
+                                                        positions):
+            return backend
+    return eager
 
 
-def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of multi-axis RoPE whose pairs each follow one axis, read from 2-D tables:
-    ``rows[..., n, i] = table[positions[..., n, axes[i]], i]``.
-
-    Args:
-        cos, sin: ``(table_len, pairs)``.
-        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``.
-        axes: ``(pairs,)`` int64, the axis of each pair.
-
-    Returns:
-        ``(cos, sin)`` rows ``(..., seq, pairs)``, differentiable in the tables (a gather).
-    """
-    index = positions.index_select(-1, axes)
-    flat = index.reshape(-1, index.shape[-1])
-    return (cos.gather(0, flat).reshape(index.shape),
-            sin.gather(0, flat).reshape(index.shape))
+@functools.cache
+def _backend(name: str) -> tuple[ModuleType | None, str | None]:
+    """(the backend's module, None), or (None, why it cannot be loaded): Triton is imported
+    only here, when the first call asks for it."""
+    if name == "triton":
+        try:
+            return importlib.import_module(".triton_rope", __package__), None
+        except ImportError as error:
+            return None, f"Triton cannot be imported ({error}); it ships with PyTorch's CUDA builds"
+    return {"native": native, "eager": eager}[name], None
 
 
-def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
-    if layout == "half":
-        h = t.shape[-1] // 2
-        return t[..., :h], t[..., h:]
-    return t[..., 0::2], t[..., 1::2]
+class BackendStatus(NamedTuple):
+    """Which backend ``apply_rope`` takes on a device for a usual call and why."""
+
+    backend: str  # "native", "triton" or "eager"
+    reason: str
 
 
-def _complex_viewable(t: torch.Tensor) -> bool:
-    if t.is_contiguous():
-        return t.storage_offset() % 2 == 0
-    return (t.stride(-1) == 1 and t.storage_offset() % 2 == 0
-            and all(s % 2 == 0 for s in t.stride()[:-1]))
-
-
-def _as_complex(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_complex(t.view(*t.shape[:-1], t.shape[-1] // 2, 2))
-
-
-def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
-    """cos (..., d/2) repeated to (..., d) in the layout's channel order."""
-    return torch.cat((cos, cos), dim=-1) if layout == "half" else cos.repeat_interleave(2, -1)
-
-
-def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                     rotary_dim: int, positions: torch.Tensor | None = None,
-                     axes: torch.Tensor | None = None) -> torch.Tensor:
-    """``rotate`` in plain differentiable PyTorch operations (at least float32 arithmetic, one
-    rounding): what ``torch.func`` transforms (grad, vmap, jvp, ...) and forward-mode AD
-    differentiate and batch, since the kernel only takes plain tensors."""
-    if positions is not None:
-        cos, sin = gather_rows(cos, sin, positions, axes)
-    wide = torch.promote_types(x.dtype, torch.float32)
-    a, b = (t.to(wide) for t in pairs(x[..., :rotary_dim], layout))
-    cos, sin = cos.to(wide), sin.to(wide)
-    first, second = a * cos - b * sin, a * sin + b * cos
-    rotated = (torch.cat((first, second), -1) if layout == "half"
-               else torch.stack((first, second), -1).flatten(-2)).to(x.dtype)
-    if rotary_dim < x.shape[-1]:
-        return torch.cat((rotated, x[..., rotary_dim:]), -1)
-    return rotated
+def backend_status(device: str | torch.device = "cpu") -> BackendStatus:
+    """The backend a contiguous float32 call on ``device`` takes (honouring
+    ``ROPELIB_BACKEND``), e.g. ``BackendStatus(backend='triton', reason='the Triton kernel,
+    one launch per call')``; what the others said when they declined."""
+    device = torch.device(device)
+    x = torch.empty(1, 1, 2, 8, device=device)
+    cos = torch.empty(2, 4, device=device)
+    forced = os.environ.get("ROPELIB_BACKEND")
+    names = (forced,) if forced else ORDER.get(device.type, ("eager",))
+    declined = []
+    for name in names:
+        backend, reason = _backend(name) if name in BACKENDS else (None, "unknown backend")
+        reason = reason or backend.declines([x], [None], cos, cos, 8, None)
+        if not reason:
+            how = "forced by ROPELIB_BACKEND" if forced else "the first of " + ", ".join(names)
+            return BackendStatus(name, f"{how} that takes the call"
+                                 + "".join(f"; {d}" for d in declined))
+        declined.append(f"{name} declined: {reason}")
+    return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")

@@ -40,7 +40,8 @@ from torch import nn
 
 from . import native
 from ._checks import check_base, check_even_positive
-from .kernels import gather_rows, plain_call
+from .eager import gather_rows
+from .kernels import plain_call
 from .scaling import default_frequencies
 
 SPECTRA = ("shared", "per_axis")

@@ -37,11 +37,13 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+NAME = "native"
 SOURCE = Path(__file__).with_name("native_rope.c")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 TABLE_DTYPES = (torch.float32, torch.float64)
@@ -182,11 +184,54 @@ def threaded() -> bool:
 def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
     """Whether ``rotate`` applies: enabled and built, CPU, float32/float64/bfloat16, channels
     contiguous (stride 1) in x and out, at most ``rope_max_dims()`` dims before the channels."""
-    if not (_enabled and x.is_cpu and x.dtype in DTYPES and x.stride(-1) == 1
-            and not x.is_neg() and (out is None or (out.stride(-1) == 1 and not out.is_neg()))):
-        return False
-    lib = _load()[0]
-    return lib is not None and x.ndim - 1 <= lib.max_dims
+    return _declines_tensor(x, out) is None
+
+
+def _declines_tensor(x: torch.Tensor, out: torch.Tensor | None) -> str | None:
+    if not _enabled:
+        return "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
+    if not x.is_cpu:
+        return f"the compiled loop runs on the CPU, got {x.device}"
+    if x.dtype not in DTYPES:
+        return f"the compiled loop takes {', '.join(map(str, DTYPES))}, got {x.dtype}"
+    if x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
+        return "the channels of x and out must be contiguous (stride 1)"
+    if x.is_neg() or (out is not None and out.is_neg()):
+        return "x and out must not be lazily negated views"
+    lib, reason = _load()
+    if lib is None:
+        return f"the kernel could not be built: {reason}"
+    if x.ndim - 1 > lib.max_dims:
+        return f"at most {lib.max_dims} dims before the channels, got {x.ndim - 1}"
+    return None
+
+
+def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+             sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
+    """None when the compiled loop takes the call (``run``), else why not (a sentence)."""
+    for x, out in zip(xs, outs, strict=True):
+        reason = _declines_tensor(x, out)
+        if reason is not None:
+            return reason
+    if positions is not None and not supports_axes(xs[0], rotary_dim):
+        return (f"a gathered row of {rotary_dim} channels does not fit the loop's tile buffer "
+                f"({_load()[0].tile_bytes} bytes)")
+    return None
+
+
+def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+        sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
+        positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
+    """``rotate`` for every x in ``xs`` (arguments as for ``ropelib.triton_rope.run``), with
+    the tables made contiguous in the loop's precision: float64 for float64 x, else float32."""
+    if positions is not None and axes is None:  # one coordinate per token: every pair its 0
+        axes = torch.zeros(rotary_dim // 2, dtype=torch.int32)
+    results = []
+    for x, out in zip(xs, outs, strict=True):
+        accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
+        results.append(rotate(x, cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous(),
+                              layout, rotary_dim, out, inverse, positions, axes))
+    return results
 
 
 def supports_axis_rows(cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -299,11 +344,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
 
 
 def supports_axes(x: torch.Tensor, rotary_dim: int) -> bool:
-    """Whether ``rotate`` gathers multi-axis rows itself (``positions``): ``supports(x, None)``
-    and a gathered row of cos and sin fits in the loop's tile buffer (``ROPE_TILE_BYTES``
+    """Whether ``rotate`` gathers multi-axis rows itself (``positions``): a gathered row of
+    cos and sin fits in the loop's tile buffer (``ROPE_TILE_BYTES``
     in ``native_rope.c``, 16 KiB: rotary_dim up to 4096 channels for float32 tables, 2048 for float64)."""
     table_bytes = 8 if x.dtype == torch.float64 else 4
-    return supports(x, None) and rotary_dim * table_bytes <= _load()[0].tile_bytes
+    return rotary_dim * table_bytes <= _load()[0].tile_bytes
 
 
 @functools.lru_cache(maxsize=256)

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch.autograd import forward_ad
 
-from . import kernels
+from . import eager, kernels
 from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
 
 Layout = Literal["interleaved", "half"]
@@ -76,19 +76,9 @@ def apply_rope(
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
-    coordinates = None
-    if axes is not None:
-        if cos.ndim != 2:
-            raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
-                             f"given here are already gathered (shape {tuple(cos.shape)})")
-        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table)
-    elif cos.ndim == 2:
-        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
-    elif positions is not None or offset:
-        raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
-                         f"are already gathered (shape {tuple(cos.shape)})")
+    cos, sin, coordinates, axes = _rows(x, cos, sin, positions, offset, rd, short_table, axes)
     if _transformed():
-        rotated = kernels.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
+        rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(x, cos, sin):
@@ -96,6 +86,84 @@ def apply_rope(
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes)
     kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes)
     return out
+
+
+def apply_rope_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+    layout: Layout = "interleaved", positions: torch.Tensor | None = None, offset: int = 0,
+    rotary_dim: int | None = None, short_table: Literal["raise", "repeat_last"] = "raise",
+    out: tuple[torch.Tensor, torch.Tensor] | None = None, inplace: bool = False,
+    axes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate a query and a key at the same positions: ``(apply_rope(q, ...), apply_rope(k,
+    ...))``, in one kernel launch on a GPU (the table rows read once for both).
+
+    Args:
+        q: ``(..., heads_q, seq, head_dim)``, e.g. ``(batch, heads_q, seq, head_dim)``.
+        k: ``(..., heads_k, seq, head_dim)``: q's shape but for the heads (GQA, MQA), q's
+            dtype and device.
+        cos, sin, layout, positions, offset, rotary_dim, short_table, axes: as for
+            ``apply_rope``; gathered rows must broadcast to both.
+        out: optional destinations ``(q_out, k_out)``, each as ``apply_rope``'s ``out``.
+        inplace: rotate q and k in place (``out=(q, k)``).
+
+    Returns:
+        ``(q_rotated, k_rotated)``: new contiguous tensors, or the destinations.
+    """
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
+    rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table)
+    check_float_tensor("k", k)
+    if (k.ndim != q.ndim or q.ndim < 3 or k.shape[:-3] != q.shape[:-3]
+            or k.shape[-2:] != q.shape[-2:] or k.dtype != q.dtype or k.device != q.device):
+        raise ValueError(f"k must have q's shape but for the heads dim (-3), q's dtype and "
+                         f"device: q is {tuple(q.shape)} {q.dtype} on {q.device}, got k "
+                         f"{tuple(k.shape)} {k.dtype} on {k.device}")
+    if cos.ndim > 2 and cos.shape[-3] not in (1, k.shape[-3]):
+        raise ValueError(f"gathered cos/sin {tuple(cos.shape)} have a heads dim of "
+                         f"{cos.shape[-3]}, which k's {k.shape[-3]} heads cannot share; pass "
+                         "rows broadcast over the heads (size 1 there)")
+    if inplace:
+        if out is not None:
+            raise ValueError("pass either out=(q_out, k_out) or inplace=True, not both")
+        out = (q, k)
+    if out is not None:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(f"out must be a pair (q_out, k_out), got {type(out).__name__}")
+        _check_out(out[0], q, cos, sin)
+        _check_out(out[1], k, cos, sin)
+    cos, sin, coordinates, axes = _rows(q, cos, sin, positions, offset, rd, short_table, axes)
+    if _transformed():
+        rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
+                   for t in (q, k)]
+        if out is None:
+            return rotated[0], rotated[1]
+        return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
+    if out is None:
+        return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes)
+    kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes)
+    return out[0], out[1]
+
+
+def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          positions: torch.Tensor | None, offset: int, rd: int, short_table: str,
+          axes: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                 torch.Tensor | None]:
+    """(cos, sin, coordinates, axes) for the operator: the rows of x's positions (a view or
+    a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates, which
+    the kernel reads the rows through."""
+    if axes is not None:
+        if cos.ndim != 2:
+            raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
+                             f"given here are already gathered (shape {tuple(cos.shape)})")
+        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table)
+        return cos, sin, coordinates, axes
+    if cos.ndim == 2:
+        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
+    elif positions is not None or offset:
+        raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
+                         f"are already gathered (shape {tuple(cos.shape)})")
+    return cos, sin, None, None
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -289,7 +357,7 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
 def _transformed() -> bool:
     """Whether a ``torch.func`` transform (grad, vmap, jvp, ...) or a forward-mode AD level is
     active: then the tensors are wrapped, and the rotation is written in PyTorch operations
-    (``kernels.rotate_composite``) instead of handing them to the kernel. Under
+    (``eager.rotate_composite``) instead of handing them to the kernel. Under
     ``torch.compile`` the operator is traced as it is."""
     if torch.compiler.is_compiling():
         return False
@@ -309,28 +377,66 @@ def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
 def _backward(ctx, grad: torch.Tensor) -> tuple:
     """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator, inverted
     (differentiable again, for double backward; the kernel reads sin as -sin, so no negated
-    table is made); the grads of cos and sin from the pairs of x and g, summed over the
-    dims the rows broadcast over (and, with positions, into the table rows they came from)."""
+    table is made); the grads of cos and sin from ``_table_grads``."""
     x, cos, sin, positions, axes = ctx.saved_tensors
     layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
         grad_x = kernels.rotate(grad, cos, sin, layout, rd, not inverse, positions, axes)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-        a, b = kernels.pairs(x[..., :rd], layout)
-        ga, gb = kernels.pairs(grad[..., :rd], layout)
-        grad_cos = ga * a + gb * b
-        grad_sin = (ga * b - gb * a) if inverse else (gb * a - ga * b)
-        if positions is None:
-            grad_cos, grad_sin = grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
-        else:
-            index = positions.index_select(-1, axes)
-            flat = index.reshape(-1, index.shape[-1])
-            grad_cos, grad_sin = (
-                torch.zeros_like(table).scatter_add_(
-                    0, flat, g.sum_to_size(index.shape).reshape(flat.shape).to(table.dtype))
-                for table, g in ((cos, grad_cos), (sin, grad_sin)))
+        grad_cos, grad_sin = _table_grads(ctx, x, grad, cos, sin, positions, axes)
     return grad_x, grad_cos, grad_sin, None, None, None, None, None
+
+
+def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, positions: torch.Tensor | None,
+                 axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grads of cos and sin from the pairs of x and g, summed over the dims the rows
+    broadcast over (and, with positions, into the table rows they came from)."""
+    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
+    a, b = eager.pairs(x[..., :rd], layout)
+    ga, gb = eager.pairs(grad[..., :rd], layout)
+    grad_cos = ga * a + gb * b
+    grad_sin = (ga * b - gb * a) if inverse else (gb * a - ga * b)
+    if positions is None:
+        return grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
+    index = positions.index_select(-1, axes) if axes is not None else positions.expand(
+        *positions.shape[:-1], rd // 2)
+    flat = index.reshape(-1, index.shape[-1])
+    return tuple(
+        torch.zeros_like(table).scatter_add_(
+            0, flat, g.sum_to_size(index.shape).reshape(flat.shape).to(table.dtype))
+        for table, g in ((cos, grad_cos), (sin, grad_sin)))
+
+
+def _setup_qk_backward(ctx, inputs: tuple, output: tuple) -> None:
+    """``_setup_backward`` for ``ropelib::rotate_qk``: q and k are saved only when the grads
+    of the tables need them."""
+    q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs
+    tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+    ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
+                          cos, sin, positions, axes)
+    ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
+
+
+def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
+    """``_backward`` of q and k together: one inverted ``rotate_qk`` for both grads, and
+    the table grads of q's and k's pairs summed."""
+    q, k, cos, sin, positions, axes = ctx.saved_tensors
+    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
+    grads = [None] * 9
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        grads[0], grads[1] = kernels.rotate_qk(grad_q, grad_k, cos, sin, layout, rd,
+                                               not inverse, positions, axes)
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        from_q = _table_grads(ctx, q, grad_q, cos, sin, positions, axes)
+        from_k = _table_grads(ctx, k, grad_k, cos, sin, positions, axes)
+        grads[2], grads[3] = from_q[0] + from_k[0], from_q[1] + from_k[1]
+    return tuple(grads)
+
+
+torch.library.register_autograd("ropelib::rotate_qk", _qk_backward,
+                                setup_context=_setup_qk_backward)
 
 
 torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)

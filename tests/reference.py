@@ -280,3 +280,11 @@ def repeat_last_row(table: torch.Tensor, length: int) -> torch.Tensor:
         return table[:length]
     pad = table[-1:].repeat(length - table.shape[0], 1)
     return torch.cat([table, pad], dim=0)
+
+
+def backend_name(x: torch.Tensor, rotary_dim: int) -> str:
+    """The backend ``ropelib.kernels`` picks for rotating x (a new output, rows given)."""
+    from ropelib import kernels
+
+    rows = torch.zeros(x.shape[-2], rotary_dim // 2, device=x.device)
+    return kernels.backend_for([x], [None], rows, rows, rotary_dim).NAME

@@ -10,9 +10,9 @@ import os
 
 import pytest
 import torch
-from reference import angles, rope_by_pairs, thetas
+from reference import angles, backend_name, rope_by_pairs, thetas
 
-from ropelib import apply_rope, generate_rope_embeddings, kernels, native
+from ropelib import apply_rope, eager, generate_rope_embeddings, kernels, native
 
 F64 = torch.float64
 LAYOUTS = ["interleaved", "half"]
@@ -26,13 +26,13 @@ def test_kernel_is_built_and_chosen_for_its_dtypes():
     assert native.unavailable_reason() is None
     for dtype in native.DTYPES:
         x = torch.zeros(2, 4, 8, dtype=dtype)
-        assert kernels.choose_path(x, None, "half", 8) == "native"
-    assert kernels.choose_path(torch.zeros(2, 4, 8, dtype=torch.float16), None, "half", 8) != "native"
+        assert backend_name(x, 8) == "native"
+    assert backend_name(torch.zeros(2, 4, 8, dtype=torch.float16), 8) != "native"
     strided_channels = torch.zeros(2, 4, 16)[..., ::2]
-    assert kernels.choose_path(strided_channels, None, "half", 8) != "native"
+    assert backend_name(strided_channels, 8) != "native"
     previous = native.set_enabled(False)
     try:
-        assert kernels.choose_path(torch.zeros(2, 4, 8), None, "half", 8) != "native"
+        assert backend_name(torch.zeros(2, 4, 8), 8) != "native"
     finally:
         native.set_enabled(previous)
 
@@ -51,7 +51,7 @@ def test_transposed_view_broadcast_positions_and_partial_rotation(layout, dtype)
     x = torch.randn(batch, seq, heads, dim, dtype=dtype).transpose(1, 2)
     positions = torch.randint(0, 50, (batch, seq))
     cos, sin = generate_rope_embeddings(50, rd, dtype=F64)
-    assert kernels.choose_path(x, None, layout, rd) == "native"
+    assert backend_name(x, rd) == "native"
     result = apply_rope(x, cos, sin, layout=layout, positions=positions, rotary_dim=rd)
     tol = 1e-12 if dtype == F64 else 1e-6
     for b in range(batch):
@@ -196,7 +196,7 @@ def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout):
     """With positions, the loop reads pair i of a token at coordinates p from table row
     p[axes[i]] itself, a tile at a time: against float64 rotations by the angles
     p[axes[i]] * theta_i, and bit for bit against the same loop on rows gathered first
-    (kernels.gather_rows), for positions shared by the batch or one row per batch entry,
+    (eager.gather_rows), for positions shared by the batch or one row per batch entry,
     tokens on the diagonal (read from the table) and off it, a seq length that is not a
     multiple of the tile, a partial rotation, in place, and 1, 2 or 5 threads."""
     torch.manual_seed(0)
@@ -214,7 +214,7 @@ def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout):
     for p in (positions[:1, None], positions[:, None]):  # (1, 1, seq, k), (batch, 1, seq, k)
         exact = p.index_select(-1, axes).to(F64) * thetas(rd)
         expected = rope_by_pairs(x[..., :rd], exact.expand(batch, heads, seq, rd // 2), layout)
-        rows = kernels.gather_rows(cos, sin, p, axes)
+        rows = eager.gather_rows(cos, sin, p, axes)
         xd = x.to(dtype)
         try:
             results = []
@@ -337,7 +337,7 @@ def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp
         torch.set_num_threads(2)
         x = torch.randn(4, 8, 128, 64)
         cos, sin = generate_rope_embeddings(128, 64)
-        assert kernels.choose_path(x, None, "half", 64) == "native"
+        assert backend_name(x, 64) == "native"
         torch.testing.assert_close(apply_rope(x, cos, sin, layout="half").to(F64),
                                    rope_by_pairs(x.to(F64), angles64(128, 64), "half"),
                                    rtol=1e-6, atol=1e-6)
@@ -355,7 +355,7 @@ def test_without_a_compiler_the_eager_paths_take_over(monkeypatch, tmp_path):
         reason = native.unavailable_reason()
         assert reason is not None and "no-such-compiler" in reason
         x = torch.randn(2, 3, 5, 8)
-        assert kernels.choose_path(x, None, "half", 8) == "pairs"
+        assert backend_name(x, 8) == "eager"
         cos, sin = generate_rope_embeddings(5, 8)
         torch.testing.assert_close(apply_rope(x, cos, sin, layout="half").to(F64),
                                    rope_by_pairs(x.to(F64), angles64(5, 8), "half"),

@@ -1,0 +1,174 @@
+"""The eager backend: the rotation in PyTorch operations, for every device and dtype.
+
+It is what runs where no compiled kernel takes a call (float64 on a GPU, a CPU without a C
+compiler, other devices), arranged to move few bytes:
+
+- **Interleaved layout, float32/float64:** a pair (a, b) is the complex number a + ib and the
+  rotation is one complex multiply by e^{i m theta} (``view_as_complex``): a single pass.
+- **Interleaved layout, float16/bfloat16:** there is no half-precision complex multiply on the
+  CPU, so x is widened to float32 once, rotated there in place and rounded once into ``out``
+  (which is also more accurate than three rounded half-precision operations).
+- **Otherwise:** ``out = x * cos_wide`` (cos repeated to full width in the layout's pair
+  order), then ``out_a -= b * sin`` and ``out_b += a * sin`` with ``addcmul_``: two passes, no
+  temporaries.
+- **In place** (``out`` is ``x``): the complex multiply works in place as it is; otherwise the
+  first member of every pair is saved (half of x), then ``a = a cos - b sin`` and
+  ``b = b cos + a_saved sin``.
+
+``declines`` (never: this backend takes every call) and ``run`` are the interface of every
+backend of ``ropelib.kernels``. ``gather_rows``, ``pairs`` and ``rotate_composite`` (the
+rotation in differentiable operations, for ``torch.func``) are shared with the callers above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+NAME = "eager"
+_COMPLEX_DTYPES = (torch.float32, torch.float64)
+_UPCAST_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+             sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
+    """None: eager PyTorch takes every call."""
+    return None
+
+
+def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
+           positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
+    """R_Theta x (R_{-Theta} x with ``inverse``) for every x in ``xs``, into ``outs`` (None: a
+    new contiguous tensor); arguments as for ``ropelib.triton_rope.run``."""
+    if positions is not None:
+        cos, sin = gather_rows(cos, sin, positions, axes)
+    return [_rotate_one(x, cos, sin, layout, rotary_dim, out, inverse)
+            for x, out in zip(xs, outs, strict=True)]
+
+
+def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                rotary_dim: int, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    path = choose_path(x, out, layout, rotary_dim)
+    tables = prepare_tables(cos, sin, path, x.dtype, layout, inverse)
+    in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    xr, outr = x, out
+    if rotary_dim < x.shape[-1]:
+        if not in_place:
+            out[..., rotary_dim:].copy_(x[..., rotary_dim:])
+        xr, outr = x[..., :rotary_dim], out[..., :rotary_dim]
+    if path == "complex":
+        torch.mul(_as_complex(xr), tables[0], out=_as_complex(outr))
+        return out
+    if path == "upcast":
+        wide = xr.to(torch.float32, memory_format=torch.contiguous_format)
+        _as_complex(wide).mul_(tables[0])
+        outr.copy_(wide)
+        return out
+    cos, sin, cos_wide = tables
+    a, b = pairs(xr, layout)
+    if in_place:
+        a_saved = a.clone()
+        a.mul_(cos).addcmul_(b, sin, value=-1)
+        b.mul_(cos).addcmul_(a_saved, sin)
+        return out
+    out_a, out_b = pairs(outr, layout)
+    torch.mul(xr, cos_wide, out=outr)
+    out_a.addcmul_(b, sin, value=-1)
+    out_b.addcmul_(a, sin)
+    return out
+
+
+def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
+    """``"complex"``, ``"upcast"`` (half precision via float32 complex) or ``"pairs"``."""
+    if layout == "interleaved":
+        if x.dtype in _UPCAST_DTYPES:
+            return "upcast"
+        if (x.dtype in _COMPLEX_DTYPES and _complex_viewable(x[..., :rotary_dim])
+                and (out is None or _complex_viewable(out[..., :rotary_dim]))):
+            return "complex"
+    return "pairs"
+
+
+def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch.dtype,
+                   layout: str, inverse: bool = False) -> tuple[torch.Tensor, ...]:
+    """The tables a path multiplies by, with the rows (dim -2) of cos and sin:
+    ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
+    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype. With
+    ``inverse`` they are those of -theta (sin negated)."""
+    if inverse:
+        sin = -sin
+    if path == "complex":
+        return (torch.complex(cos.to(dtype), sin.to(dtype)),)
+    if path == "upcast":
+        return (torch.complex(cos.float(), sin.float()),)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    return cos, sin, _widen(cos, layout)
+
+
+def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of positions read from 2-D tables: ``rows[..., n, i] = table[positions[...,
+    n, axes[i]], i]`` (multi-axis RoPE whose pairs each follow one axis), or with ``axes``
+    None ``table[positions[..., n, 0], i]`` (one coordinate per token).
+
+    Args:
+        cos, sin: ``(table_len, pairs)``.
+        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``.
+        axes: ``(pairs,)`` int64, the axis of each pair, or None (k is 1).
+
+    Returns:
+        ``(cos, sin)`` rows ``(..., seq, pairs)``, differentiable in the tables (a gather).
+    """
+    if axes is None:
+        return cos[positions[..., 0]], sin[positions[..., 0]]
+    index = positions.index_select(-1, axes)
+    flat = index.reshape(-1, index.shape[-1])
+    return (cos.gather(0, flat).reshape(index.shape),
+            sin.gather(0, flat).reshape(index.shape))
+
+
+def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members (a, b) of every pair, as views of shape (..., d/2)."""
+    if layout == "half":
+        h = t.shape[-1] // 2
+        return t[..., :h], t[..., h:]
+    return t[..., 0::2], t[..., 1::2]
+
+
+def _complex_viewable(t: torch.Tensor) -> bool:
+    if t.is_contiguous():
+        return t.storage_offset() % 2 == 0
+    return (t.stride(-1) == 1 and t.storage_offset() % 2 == 0
+            and all(s % 2 == 0 for s in t.stride()[:-1]))
+
+
+def _as_complex(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_complex(t.view(*t.shape[:-1], t.shape[-1] // 2, 2))
+
+
+def _widen(cos: torch.Tensor, layout: str) -> torch.Tensor:
+    """cos (..., d/2) repeated to (..., d) in the layout's channel order."""
+    return torch.cat((cos, cos), dim=-1) if layout == "half" else cos.repeat_interleave(2, -1)
+
+
+def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                     rotary_dim: int, positions: torch.Tensor | None = None,
+                     axes: torch.Tensor | None = None) -> torch.Tensor:
+    """The rotation in plain differentiable PyTorch operations (at least float32 arithmetic,
+    one rounding): what ``torch.func`` transforms (grad, vmap, jvp, ...) and forward-mode AD
+    differentiate and batch, since the kernels only take plain tensors."""
+    if positions is not None:
+        cos, sin = gather_rows(cos, sin, positions, axes)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    a, b = (t.to(wide) for t in pairs(x[..., :rotary_dim], layout))
+    cos, sin = cos.to(wide), sin.to(wide)
+    first, second = a * cos - b * sin, a * sin + b * cos
+    rotated = (torch.cat((first, second), -1) if layout == "half"
+               else torch.stack((first, second), -1).flatten(-2)).to(x.dtype)
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((rotated, x[..., rotary_dim:]), -1)
+    return rotated

@@ -1,0 +1,328 @@
+"""The GPU kernel: RoPE as one Triton program per block of tokens, tables read once.
+
+A rotation reads x once and writes it once, like a copy; on a GPU the rest of the traffic
+is the cos and sin rows. A float32 row of cos and sin is as many bytes as a bfloat16 row of
+x, so a kernel that reads them again for every head moves twice the bytes of a copy. Here
+each program takes ``BLOCK_S`` tokens of one batch entry, reads their table rows once, and
+then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotating one
+``(BLOCK_S, head_dim)`` tile per head with the rows it already holds.
+
+- **Layouts.** ``half`` loads the two halves of the rotated channels as two tiles.
+  ``interleaved`` loads the rotated channels as one contiguous tile and splits it into the
+  pairs (a, b) in registers (``reshape`` + ``split``); loading a and b with a stride of 2
+  would be scalar loads, several times slower.
+- **Rows.** The rows are given (a slice or a gather, with any strides, broadcast where their
+  stride is 0), or read in the kernel from the 2-D tables through positions: one coordinate
+  per token (per-row positions) or, for multi-axis RoPE whose pairs each follow one axis
+  (M-RoPE), coordinate ``axes[i]`` for pair i. A coordinate outside the table reads zeros
+  instead of memory it does not own (the callers check the positions before).
+- **Arithmetic** in float32 whatever the storage (tables of any float dtype are widened on
+  load, x is widened on load and rounded once on store); ``inverse`` rotates by -theta, the
+  gradient's rotation. Channels past ``rotary_dim`` are copied unless the rotation is in place.
+- **Strides.** x and out may have any strides whose channel stride is 1 (q and k as views of
+  a fused projection in ``(batch, seq, heads, dim)`` storage, a slice of a KV cache): the
+  leading dims become a batch dim, along which the rows vary, and a heads dim, along which
+  they are shared; dims that cannot be merged into those two leave the call to eager PyTorch.
+
+``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
+interface every backend of ``ropelib.kernels`` has. CUDA tensors run the compiled kernel;
+CPU tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the
+tests check every feature on machines without a GPU. Nothing is kept between calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+NAME = "triton"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TILE_ELEMENTS = 4096  # elements of x in one (BLOCK_S, head_dim) tile
+
+
+def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
+          X2, O2, H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
+          COS, SIN, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
+          POS, p_b, p_s, p_k, AXES, TABLE_LEN, SEQ, HEADS_PER_PROGRAM,
+          ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+          BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr,
+          INVERSE: tl.constexpr, MODE: tl.constexpr, ROWS_PER_HEAD: tl.constexpr):
+    """Rotate heads [g * HEADS_PER_PROGRAM, ...) of the H1 + H2 heads (x1's, then x2's) at
+    tokens [t * BLOCK_S, ...) of batch entry b, for program (t, b, g).
+
+    MODE 0: rows given (strides c_*, s_*); 1: one coordinate per token, POS[b, s]; 2: M-RoPE,
+    pair i reads coordinate AXES[i] of POS[b, s, :]. BLOCK_R > 0: copy channels ROTARY.. of
+    each head (the pass-through of a partial rotation).
+    """
+    t = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2)
+    s = t * BLOCK_S + tl.arange(0, BLOCK_S)
+    i = tl.arange(0, BLOCK_P)
+    rows = s < SEQ
+    pairs = i < ROTARY // 2
+    mask = rows[:, None] & pairs[None, :]
+    s64 = s.to(tl.int64)
+    if MODE == 0:
+        cos_at = COS + b * c_b + s64[:, None] * c_s + i[None, :] * c_i
+        sin_at = SIN + b * s_b + s64[:, None] * s_s + i[None, :] * s_i
+        row_mask = mask
+    else:
+        if MODE == 1:
+            coord = tl.load(POS + b * p_b + s64 * p_s, mask=rows, other=0)[:, None]
+        else:
+            axis = tl.load(AXES + i, mask=pairs, other=0).to(tl.int64)
+            coord = tl.load(POS + b * p_b + s64[:, None] * p_s + axis[None, :] * p_k,
+                            mask=mask, other=0)
+        coord = coord.to(tl.int64)
+        row_mask = mask & (coord >= 0) & (coord < TABLE_LEN)
+        cos_at = COS + coord * c_s + i[None, :] * c_i
+        sin_at = SIN + coord * s_s + i[None, :] * s_i
+    if not ROWS_PER_HEAD:
+        cos = tl.load(cos_at, mask=row_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
+        if INVERSE:
+            sin = -sin
+    if BLOCK_R > 0:
+        r = ROTARY + tl.arange(0, BLOCK_R)
+        rest_mask = rows[:, None] & (r < HEAD_DIM)[None, :]
+    if not HALF:
+        c = tl.arange(0, 2 * BLOCK_P)
+        pair_mask = rows[:, None] & (c < ROTARY)[None, :]
+    first = g * HEADS_PER_PROGRAM
+    heads = H1 + H2
+    for j in range(0, HEADS_PER_PROGRAM):
+        head = first + j
+        if head < heads:
+            second = head >= H1
+            h = tl.where(second, head - H1, head).to(tl.int64)
+            x_at = tl.where(second, X2 + b * x2_b + h * x2_h, X1 + b * x1_b + h * x1_h)
+            o_at = tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h)
+            x_at = x_at + s64[:, None] * tl.where(second, x2_s, x1_s)
+            o_at = o_at + s64[:, None] * tl.where(second, o2_s, o1_s)
+            if ROWS_PER_HEAD:
+                cos = tl.load(cos_at + h * c_h, mask=row_mask, other=0.0).to(tl.float32)
+                sin = tl.load(sin_at + h * s_h, mask=row_mask, other=0.0).to(tl.float32)
+                if INVERSE:
+                    sin = -sin
+            if HALF:
+                a = tl.load(x_at + i[None, :], mask=mask, other=0.0).to(tl.float32)
+                z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=mask, other=0.0).to(tl.float32)
+            else:
+                tile = tl.load(x_at + c[None, :], mask=pair_mask, other=0.0).to(tl.float32)
+                a, z = tl.split(tl.reshape(tile, (BLOCK_S, BLOCK_P, 2)))
+            a_new = a * cos - z * sin
+            z_new = a * sin + z * cos
+            if HALF:
+                tl.store(o_at + i[None, :], a_new.to(O1.dtype.element_ty), mask=mask)
+                tl.store(o_at + ROTARY // 2 + i[None, :], z_new.to(O1.dtype.element_ty),
+                         mask=mask)
+            else:
+                tile = tl.reshape(tl.join(a_new, z_new), (BLOCK_S, 2 * BLOCK_P))
+                tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=pair_mask)
+            if BLOCK_R > 0:
+                tl.store(o_at + r[None, :], tl.load(x_at + r[None, :], mask=rest_mask),
+                         mask=rest_mask)
+
+
+_compiled = triton.jit(_rope)
+_interpreted = InterpretedFunction(_rope)
+
+
+class Config(NamedTuple):
+    """A launch's shape: tokens per program, heads per program, warps."""
+
+    block_s: int
+    heads_per_program: int
+    num_warps: int
+
+
+class _Operand(NamedTuple):
+    """x and its destination as (batch, heads, seq) strides, and the heads count."""
+
+    x: torch.Tensor
+    out: torch.Tensor
+    heads: int
+    x_strides: tuple[int, int, int]
+    out_strides: tuple[int, int, int]
+
+
+def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+             sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
+    """None when the kernel takes the call, else why not (a sentence)."""
+    x = xs[0]
+    if not (x.is_cuda or x.is_cpu):
+        return f"Triton runs on CUDA tensors (and on the CPU in its interpreter), got {x.device}"
+    for t in (*xs, *(o for o in outs if o is not None)):
+        if t.dtype not in DTYPES:
+            return f"the kernel takes {', '.join(map(str, DTYPES))}, got {t.dtype}"
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            return "the channels of x and out must be contiguous (stride 1)"
+        if t.is_neg() or t.is_conj():
+            return "x and out must not be lazily negated or conjugated views"
+    if any(t.dtype != x.dtype for t in (*xs, *(o for o in outs if o is not None))):
+        return "q, k and their destinations must have one dtype"
+    if _leading(xs, outs, cos, sin, positions) is None:
+        return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
+                "(rows vary) and a heads dim (rows shared)")
+    if any(t.shape[:-3] != x.shape[:-3] or t.shape[-2:] != x.shape[-2:] for t in xs[1:]):
+        return "q and k must have the same shape but for the heads dim (-3)"
+    return None
+
+
+def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
+           positions: torch.Tensor | None, axes: torch.Tensor | None,
+           config: Config | None = None) -> list[torch.Tensor]:
+    """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new contiguous
+    tensor; x itself: in place), after ``declines`` returned None.
+
+    Args:
+        xs: one or two tensors ``(..., heads, seq, head_dim)`` of one shape but for the heads.
+        outs: a destination (or None) per x.
+        cos, sin: rows broadcastable to ``(..., seq, rotary_dim // 2)``, or with
+            ``positions`` the 2-D tables ``(table_len, rotary_dim // 2)``.
+        layout: ``"interleaved"`` or ``"half"``.
+        rotary_dim: rotated channels; the rest are copied (unless in place).
+        inverse: rotate by -theta.
+        positions: coordinates ``(..., seq, k)`` with x's number of dims, broadcastable to
+            its rows; pair i reads coordinate ``axes[i]`` (``axes`` None: k is 1).
+        axes: ``(rotary_dim // 2,)`` integers in ``[0, k)``, or None.
+        config: the launch's tile shape; default ``choose_config``.
+
+    Returns:
+        The destinations, in the order of ``xs``.
+    """
+    outs = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
+            for x, o in zip(xs, outs, strict=True)]
+    batch, operands, table_strides, position_strides = _leading(xs, outs, cos, sin, positions)
+    x = xs[0]
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    heads = sum(op.heads for op in operands)
+    if not (x.numel() and heads):
+        return outs
+    config = config or choose_config(batch, heads, seq, head_dim, x.is_cuda)
+    first, second = operands[0], operands[-1] if len(operands) > 1 else None
+    in_place = all(op.out.data_ptr() == op.x.data_ptr() for op in operands)
+    rest = head_dim - rotary_dim
+    mode = 0 if positions is None else (1 if axes is None else 2)
+    grid = (triton.cdiv(seq, config.block_s), batch,
+            triton.cdiv(heads, config.heads_per_program))
+    two = second or _Operand(first.x, first.out, 0, first.x_strides, first.out_strides)
+    kernel = _compiled if x.is_cuda else _interpreted
+    placeholder = cos  # an unused pointer argument (Triton wants a tensor there)
+    kernel[grid](
+        first.x, first.out, first.heads, *first.x_strides, *first.out_strides,
+        two.x, two.out, two.heads, *two.x_strides, *two.out_strides,
+        cos, sin, *table_strides,
+        placeholder if positions is None else positions, *position_strides,
+        placeholder if axes is None else axes, cos.shape[0], seq, config.heads_per_program,
+        ROTARY=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s,
+        BLOCK_P=_pow2(rotary_dim // 2),
+        BLOCK_R=0 if (in_place or not rest) else _pow2(rest),
+        HALF=layout == "half", INVERSE=inverse, MODE=mode,
+        ROWS_PER_HEAD=mode == 0 and bool(table_strides[1] or table_strides[5]),
+        num_warps=config.num_warps)
+    return outs
+
+
+def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -> Config:
+    """Tiles of about ``TILE_ELEMENTS`` elements; heads split over programs only when there
+    are too few token blocks to fill the GPU."""
+    block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
+    programs = batch * triton.cdiv(seq, block_s)
+    groups = max(1, min(heads, 4 * _multiprocessors() // max(programs, 1))) if cuda else 1
+    return Config(block_s, triton.cdiv(heads, groups), 4)
+
+
+@functools.cache
+def _multiprocessors() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _leading(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+             sin: torch.Tensor, positions: torch.Tensor | None):
+    """x's leading dims (all but seq and channels) as a batch dim and a heads dim: (batch,
+    operands, the tables' (b, h, s, channel) strides for cos then sin, the positions' (b, s,
+    k) strides), or None when they cannot be merged so. The rows (or positions) may vary
+    along the batch dim; along the heads dim they are shared (a stride of 0), except for
+    given rows with a heads dim of their own (then read per head)."""
+    x = xs[0]
+    lead = x.ndim - 2
+    source = cos if positions is None else positions
+    # each leading dim of x, with the rows' (or positions') stride along it (0: broadcast)
+    row_strides = [_broadcast_stride(source, x.ndim, d) for d in range(lead)]
+    sin_strides = [_broadcast_stride(sin, x.ndim, d) for d in range(lead)] if positions is None \
+        else row_strides
+    operands = []
+    batch = base_b = heads_rows = None
+    for k, t in enumerate(xs):
+        out = outs[k] if outs[k] is not None else t
+        dims = [(t.shape[d], t.stride(d), out.stride(d), row_strides[d], sin_strides[d])
+                for d in range(lead)]
+        merged = _merge(dims)
+        if merged is None:
+            return None
+        if len(merged) == 2:
+            b_dim, h_dim = merged
+        elif len(merged) == 1:
+            b_dim, h_dim = ((1, 0, 0, 0, 0), merged[0]) if merged[0][3] == 0 and merged[0][4] == 0 \
+                else (merged[0], (1, 0, 0, 0, 0))
+        else:
+            b_dim, h_dim = (1, 0, 0, 0, 0), (1, 0, 0, 0, 0)
+        if k and (b_dim[0] != batch or b_dim[3:] != base_b[3:]):
+            return None
+        if k and (h_dim[3] or h_dim[4]):
+            return None  # rows with a heads dim of their own cannot serve q and k both
+        batch, base_b = b_dim[0], b_dim
+        operands.append(_Operand(t, out, h_dim[0], (b_dim[1], h_dim[1], t.stride(-2)),
+                                 (b_dim[2], h_dim[2], out.stride(-2))))
+        heads_rows = (h_dim[3], h_dim[4])
+    if positions is None:
+        tables = (base_b[3], heads_rows[0], _row_stride(cos, -2), cos.stride(-1),
+                  base_b[4], heads_rows[1], _row_stride(sin, -2), sin.stride(-1))
+        return batch, operands, tables, (0, 0, 0)
+    if heads_rows[0]:
+        return None
+    tables = (0, 0, cos.stride(0), cos.stride(1), 0, 0, sin.stride(0), sin.stride(1))
+    return batch, operands, tables, (base_b[3], _row_stride(positions, -2), positions.stride(-1))
+
+
+def _broadcast_stride(t: torch.Tensor, ndim: int, d: int) -> int:
+    """t's stride along dim d of a tensor with ``ndim`` dims that t broadcasts against
+    (0 where t lacks the dim or has size 1)."""
+    k = d - (ndim - t.ndim) if t.ndim < ndim else d
+    if k < 0 or t.shape[k] == 1:
+        return 0
+    return t.stride(k)
+
+
+def _row_stride(t: torch.Tensor, d: int) -> int:
+    return 0 if t.shape[d] == 1 else t.stride(d)
+
+
+def _merge(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+    """Leading dims (size, then a stride per tensor) merged where every tensor's strides
+    allow it, size-1 dims dropped; None when more than two remain."""
+    merged: list[tuple[int, ...]] = []
+    for dim in dims:
+        if dim[0] == 1:
+            continue
+        if merged:
+            size, *strides = merged[-1]
+            if all(outer == inner * dim[0] for outer, inner in zip(strides, dim[1:], strict=True)):
+                merged[-1] = (size * dim[0], *dim[1:])
+                continue
+        merged.append(dim)
+    return merged if len(merged) <= 2 else None
