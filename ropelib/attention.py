@@ -11,7 +11,7 @@ from torch import nn
 
 from ._checks import as_int, check_count, check_float_tensor, check_int_tensor, check_layout, tracing
 from .masks import prepare_mask
-from .rotation import SHORT_TABLE_MODES, apply_rope
+from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk
 from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
 
@@ -314,6 +314,10 @@ class StandardAttentionWithRoPE(nn.Module):
             cos, sin = self.rotary.tables(max(ends), q.device)
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim,
               "short_table": self.short_table}
+        if (key_positions is positions and q.shape[-2] == k.shape[-2]
+                and q.shape[:-3] == k.shape[:-3]):  # one launch for both on a GPU
+            return apply_rope_qk(q, k, cos, sin, positions=positions,
+                                 offset=offset if positions is None else 0, **kw)
         q = apply_rope(q, cos, sin, positions=positions,
                        offset=offset if positions is None else 0, **kw)
         k = apply_rope(k, cos, sin, positions=key_positions,

@@ -382,10 +382,17 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
-        grad_x = kernels.rotate(grad, cos, sin, layout, rd, not inverse, positions, axes)
+        grad_x = kernels.rotate(_channels_contiguous(grad), cos, sin, layout, rd, not inverse,
+                                positions, axes)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         grad_cos, grad_sin = _table_grads(ctx, x, grad, cos, sin, positions, axes)
     return grad_x, grad_cos, grad_sin, None, None, None, None, None
+
+
+def _channels_contiguous(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient with its channels at stride 1, as the kernels read them (the grad of a sum
+    arrives expanded, with stride 0 everywhere)."""
+    return grad if grad.stride(-1) == 1 else grad.contiguous()
 
 
 def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
@@ -426,8 +433,9 @@ def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
     layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grads = [None] * 9
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        grads[0], grads[1] = kernels.rotate_qk(grad_q, grad_k, cos, sin, layout, rd,
-                                               not inverse, positions, axes)
+        grads[0], grads[1] = kernels.rotate_qk(
+            _channels_contiguous(grad_q), _channels_contiguous(grad_k), cos, sin, layout, rd,
+            not inverse, positions, axes)
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
         from_q = _table_grads(ctx, q, grad_q, cos, sin, positions, axes)
         from_k = _table_grads(ctx, k, grad_k, cos, sin, positions, axes)

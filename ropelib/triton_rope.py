@@ -206,7 +206,7 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     x = xs[0]
     seq, head_dim = x.shape[-2], x.shape[-1]
     heads = sum(op.heads for op in operands)
-    if not (x.numel() and heads):
+    if not (heads and batch and seq and head_dim):
         return outs
     config = config or choose_config(batch, heads, seq, head_dim, x.is_cuda)
     first, second = operands[0], operands[-1] if len(operands) > 1 else None

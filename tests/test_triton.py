@@ -1,0 +1,220 @@
+"""ropelib's Triton kernel against float64 references: on CPU tensors in Triton's interpreter
+(every run, no GPU needed), and compiled on a GPU where there is one (the ``device`` fixture).
+
+``ROPELIB_BACKEND=triton`` forces the kernel, so a call it declined would fail here instead
+of passing through eager PyTorch. The interpreter rounds float32 to bfloat16 by truncation,
+so the half-precision tolerances allow one unit in the last place, not half of one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import angles, backend_name, rope_by_pairs, thetas
+
+from ropelib import apply_rope, apply_rope_qk, axis_frequencies, backend_status, kernels
+from ropelib.multiaxis import axis_of_pairs
+from ropelib.tables import generate_rope_embeddings
+
+pytest.importorskip("triton")
+triton_rope = pytest.importorskip("ropelib.triton_rope")
+
+F64 = torch.float64
+LAYOUTS = ("interleaved", "half")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# one unit in the last place (truncation in the interpreter) of values up to about 4
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2 ** -7 * 4, torch.float16: 2 ** -10 * 4}
+
+
+@pytest.fixture(autouse=True)
+def _force_triton(monkeypatch):
+    monkeypatch.setenv("ROPELIB_BACKEND", "triton")
+
+
+def close(result: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert result.dtype == dtype
+    torch.testing.assert_close(result.detach().cpu().to(F64), expected,
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def reference(x: torch.Tensor, positions, rotary_dim: int, layout: str,
+              sign: float = 1.0) -> torch.Tensor:
+    """x rotated by m * theta_i (m from ``positions``, shaped to broadcast over x's rows)."""
+    return rope_by_pairs(x, sign * angles(positions, thetas(rotary_dim)), layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, rotary_dim", [(16, 16), (20, 12)])
+def test_rows_given_every_layout_dtype_and_partial_rotation(device, layout, dtype, head_dim,
+                                                            rotary_dim):
+    """Rows sliced from the tables at an offset; rotary_dim not a power of two (6 pairs), the
+    pass-through channels copied; seq (7) not a multiple of the token block."""
+    x = torch.randn(2, 3, 7, head_dim, device=device).to(dtype)
+    cos, sin = generate_rope_embeddings(16, rotary_dim, device=device)
+    result = apply_rope(x, cos, sin, layout=layout, offset=5, rotary_dim=rotary_dim)
+    close(result, reference(x, torch.arange(5, 12), rotary_dim, layout), dtype)
+    assert result.is_contiguous()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_per_row_positions_and_other_leading_dims(device, layout):
+    """Positions per batch entry (rows gathered with a batch dim), and x of 2, 3 and 5 dims
+    (leading dims merged into a batch dim and a heads dim)."""
+    cos, sin = generate_rope_embeddings(64, 16, device=device)
+    x = torch.randn(3, 4, 5, 16, device=device)
+    positions = torch.randint(0, 64, (3, 5))
+    result = apply_rope(x, cos, sin, layout=layout, positions=positions.to(device))
+    close(result, reference(x, positions[:, None, :], 16, layout), torch.float32)
+    for shape in [(5, 16), (4, 5, 16), (2, 3, 2, 5, 16)]:
+        x = torch.randn(shape, device=device)
+        close(apply_rope(x, cos, sin, layout=layout, offset=3),
+              reference(x, torch.arange(3, 8), 16, layout), torch.float32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_views_out_and_in_place(device, layout, dtype):
+    """q as a view of a fused projection in (batch, seq, heads, dim) storage, written into a
+    slice of a KV-cache-like buffer and in place; no copy of x is made (x unchanged for out=)."""
+    qkv = torch.randn(2, 6, 3 * 4 * 16, device=device).to(dtype)
+    q = qkv.view(2, 6, 3, 4, 16)[:, :, 0].transpose(1, 2)  # (2, 4, 6, 16), strided
+    before = q.clone()
+    cos, sin = generate_rope_embeddings(6, 16, device=device)
+    expected = reference(before, torch.arange(6), 16, layout)
+    close(apply_rope(q, cos, sin, layout=layout), expected, dtype)
+    cache = torch.zeros(2, 4, 10, 32, device=device, dtype=dtype)
+    apply_rope(q, cos, sin, layout=layout, out=cache[:, :, 2:8, 8:24])
+    close(cache[:, :, 2:8, 8:24], expected, dtype)
+    assert cache[:, :, :2].abs().sum() == 0 and cache[..., :8].abs().sum() == 0
+    assert torch.equal(q, before)
+    apply_rope(q, cos, sin, layout=layout, out=q)
+    close(q, expected, dtype)
+
+
+def test_rows_with_a_heads_dim_of_their_own(device):
+    """Gathered rows that differ per head are read per head."""
+    x = torch.randn(2, 3, 5, 8, device=device)
+    positions = torch.randint(0, 40, (2, 3, 5))
+    table = angles(positions, thetas(8))
+    cos, sin = table.cos().float().to(device), table.sin().float().to(device)
+    close(apply_rope(x, cos, sin, layout="half"), rope_by_pairs(x, table, "half"),
+          torch.float32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("batched", [False, True])
+def test_mrope_rows_gathered_in_the_kernel(device, layout, batched):
+    """M-RoPE: pair i reads the table row of coordinate axes[i] (Qwen2-VL's sections) for
+    positions shared by the batch or one set per batch entry."""
+    head_dim, sections = 16, [2, 3, 3]
+    axes = axis_of_pairs(head_dim, sections)
+    W = axis_frequencies(head_dim, sections)
+    shape = (2, 7, 3) if batched else (7, 3)
+    positions = torch.randint(0, 30, shape)
+    x = torch.randn(2, 4, 7, head_dim, device=device)
+    cos, sin = generate_rope_embeddings(30, head_dim, device=device)
+    result = apply_rope(x, cos, sin, layout=layout, positions=positions.to(device),
+                        axes=axes.to(device))
+    table = positions.to(F64) @ W.to(F64).T  # (.., seq, d/2): angle of each pair
+    if batched:
+        table = table[:, None]
+    close(result, rope_by_pairs(x, table, layout), torch.float32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradient_is_the_inverse_rotation(device, layout):
+    """The backward runs the kernel with inverse=True: dL/dx = R_{-Theta} g, in float64 against
+    the transpose of the rotation; inverse(rotate(x)) = x."""
+    x = torch.randn(2, 3, 5, 12, device=device, requires_grad=True)
+    cos, sin = generate_rope_embeddings(5, 12, device=device)
+    grad = torch.randn(2, 3, 5, 12, device=device)
+    apply_rope(x, cos, sin, layout=layout).backward(grad)
+    close(x.grad, reference(grad, torch.arange(5), 12, layout, sign=-1.0), torch.float32)
+    y = kernels.rotate(x.detach(), cos, sin, layout, 12)
+    back = kernels.rotate(y, cos, sin, layout, 12, inverse=True)
+    close(back, x.detach().cpu().to(F64), torch.float32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_and_key_in_one_launch(device, layout, dtype, monkeypatch):
+    """apply_rope_qk: q with 4 heads and k with 2 (GQA) at per-row positions, one launch of
+    the kernel for both; new outputs, out= and in place all equal the float64 rotation."""
+    launches = []
+    kernel = triton_rope._compiled if device.type == "cuda" else triton_rope._interpreted
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(triton_rope, "_compiled" if device.type == "cuda" else "_interpreted",
+                        Counting())
+    q = torch.randn(2, 4, 5, 16, device=device).to(dtype)
+    k = torch.randn(2, 2, 5, 16, device=device).to(dtype)
+    positions = torch.randint(0, 32, (2, 5))
+    cos, sin = generate_rope_embeddings(32, 16, device=device)
+    expected_q = reference(q, positions[:, None, :], 16, layout)
+    expected_k = reference(k, positions[:, None, :], 16, layout)
+    q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions.to(device))
+    assert len(launches) == 1
+    close(q_rot, expected_q, dtype)
+    close(k_rot, expected_k, dtype)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions.to(device),
+                  out=(q_out, k_out))
+    close(q_out, expected_q, dtype)
+    close(k_out, expected_k, dtype)
+    result = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions.to(device),
+                           inplace=True)
+    assert result[0] is q and result[1] is k
+    close(q, expected_q, dtype)
+    close(k, expected_k, dtype)
+    assert len(launches) == 3
+
+
+def test_query_and_key_gradients(device):
+    """rotate_qk's autograd formula: both grads are inverse rotations, and the tables' grads
+    sum q's and k's contributions (against apply_rope applied to each)."""
+    q = torch.randn(1, 4, 5, 8, device=device, requires_grad=True)
+    k = torch.randn(1, 2, 5, 8, device=device, requires_grad=True)
+    cos, sin = generate_rope_embeddings(5, 8, device=device)
+    cos.requires_grad_()
+    sin.requires_grad_()
+    q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout="half")
+    (q_rot.square().sum() + k_rot.sum()).backward()
+    grads = [t.grad.clone() for t in (q, k, cos, sin)]
+    for t in (q, k, cos, sin):
+        t.grad = None
+    (apply_rope(q, cos, sin, layout="half").square().sum()
+     + apply_rope(k, cos, sin, layout="half").sum()).backward()
+    for mine, separate in zip(grads, (q.grad, k.grad, cos.grad, sin.grad), strict=True):
+        torch.testing.assert_close(mine, separate, rtol=1e-5, atol=1e-5)
+
+
+def test_declined_calls_say_why(device, monkeypatch):
+    """A forced backend that cannot take a call is an error naming the backend and the
+    reason; without ROPELIB_BACKEND the same call goes to another backend."""
+    x = torch.randn(2, 5, 8, device=device, dtype=F64)
+    cos, sin = generate_rope_embeddings(5, 8, device=device)
+    with pytest.raises(ValueError, match="ROPELIB_BACKEND=triton cannot rotate this call: "
+                                         "the kernel takes"):
+        apply_rope(x, cos, sin)
+    monkeypatch.setenv("ROPELIB_BACKEND", "fast")
+    with pytest.raises(ValueError, match="ROPELIB_BACKEND must be one of"):
+        apply_rope(x, cos, sin)
+    monkeypatch.delenv("ROPELIB_BACKEND")
+    compiled = "triton" if device.type == "cuda" else "native"
+    assert backend_name(x, 8) == ("eager" if device.type == "cuda" else "native")
+    assert backend_name(x.float(), 8) == compiled
+    assert backend_status(device).backend == backend_name(x.float(), 8)
+
+
+def test_empty_inputs(device):
+    cos, sin = generate_rope_embeddings(4, 8, device=device)
+    assert apply_rope(torch.randn(0, 2, 4, 8, device=device), cos, sin).shape == (0, 2, 4, 8)
+    k = torch.randn(1, 2, 4, 8, device=device)
+    q_rot, k_rot = apply_rope_qk(torch.randn(1, 0, 4, 8, device=device), k, cos, sin)
+    assert q_rot.shape == (1, 0, 4, 8)
+    close(k_rot, reference(k, torch.arange(4), 8, "interleaved"), torch.float32)
