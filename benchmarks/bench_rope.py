@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_rope.py            # CPU (and CUDA when available)
     .venv/bin/python benchmarks/bench_rope.py --quick    # small shape only, fewer repeats
     .venv/bin/python benchmarks/bench_rope.py --only-mrope --device cpu  # M-RoPE rows only
+    python benchmarks/bench_rope.py --device cuda        # the GPU tables (bench_gpu.py)
 
 Everything in one table is measured in one run, round-robin (see ropelib.book.bench), and printed
 as the median time, the ratio to ``clone`` and to ``copy_`` into a preallocated buffer, and
@@ -17,6 +18,7 @@ import argparse
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -225,6 +227,9 @@ def main() -> None:
     parser.add_argument("--table", help="time only this table (KIND:SHAPE:DTYPE:LAYOUT), in "
                                         "this process; what every table's fresh process runs")
     args = parser.parse_args()
+    if args.device == "cuda":  # the GPU tables: ropelib's Triton kernel and its peers
+        gpu = Path(__file__).with_name("bench_gpu.py")
+        raise SystemExit(subprocess.run([sys.executable, str(gpu)], check=False).returncode)
     repeats = args.repeats or (7 if args.quick else 21)
     if args.table:
         one_table(args.table, torch.device(args.device), repeats, not args.no_compile)

@@ -45,6 +45,7 @@ from triton.runtime.interpreter import InterpretedFunction
 NAME = "triton"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_ELEMENTS = 4096  # elements of x in one (BLOCK_S, head_dim) tile
+MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
 
 
 def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
@@ -169,9 +170,12 @@ def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], co
             return "x and out must not be lazily negated or conjugated views"
     if any(t.dtype != x.dtype for t in (*xs, *(o for o in outs if o is not None))):
         return "q, k and their destinations must have one dtype"
-    if _leading(xs, outs, cos, sin, positions) is None:
+    leading = _leading(xs, outs, cos, sin, positions)
+    if leading is None:
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
                 "(rows vary) and a heads dim (rows shared)")
+    if leading[0] > MAX_GRID_Y:
+        return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {leading[0]}"
     if any(t.shape[:-3] != x.shape[:-3] or t.shape[-2:] != x.shape[-2:] for t in xs[1:]):
         return "q and k must have the same shape but for the heads dim (-3)"
     return None

@@ -218,3 +218,58 @@ def test_empty_inputs(device):
     q_rot, k_rot = apply_rope_qk(torch.randn(1, 0, 4, 8, device=device), k, cos, sin)
     assert q_rot.shape == (1, 0, 4, 8)
     close(k_rot, reference(k, torch.arange(4), 8, "interleaved"), torch.float32)
+
+
+def _qk_inputs(device):
+    q = torch.randn(2, 4, 6, 16, device=device)
+    k = torch.randn(2, 2, 6, 16, device=device)
+    cos, sin = generate_rope_embeddings(6, 16, device=device)
+    return q, k, cos, sin
+
+
+def test_operators_pass_opcheck(device, monkeypatch):
+    """torch.library.opcheck (schema, fake tensors, autograd registration, dispatcher) of the
+    four operators on the device's default backend."""
+    monkeypatch.delenv("ROPELIB_BACKEND")
+    q, k, cos, sin = _qk_inputs(device)
+    ops = torch.ops.ropelib
+    torch.library.opcheck(ops.rotate.default, (q, cos, sin, "half", 16, False, None, None))
+    torch.library.opcheck(ops.rotate_out.default,
+                          (q, cos, sin, "interleaved", 16, torch.empty_like(q), None, None))
+    torch.library.opcheck(ops.rotate_qk.default, (q, k, cos, sin, "half", 16, False, None, None))
+    torch.library.opcheck(ops.rotate_qk_out.default, (q, k, cos, sin, "half", 16,
+                                                      torch.empty_like(q), torch.empty_like(k),
+                                                      None, None))
+
+
+def test_query_and_key_compile_fullgraph_and_export(device, monkeypatch):
+    """apply_rope_qk under torch.compile(fullgraph=True) and torch.export: one opaque
+    ropelib.rotate_qk node, equal to eager."""
+    monkeypatch.delenv("ROPELIB_BACKEND")
+    q, k, cos, sin = _qk_inputs(device)
+
+    class QK(torch.nn.Module):
+        def forward(self, q, k, cos, sin):
+            return apply_rope_qk(q, k, cos, sin, layout="half", offset=0)
+
+    eager_q, eager_k = QK()(q, k, cos, sin)
+    compiled_q, compiled_k = torch.compile(QK(), fullgraph=True)(q, k, cos, sin)
+    torch.testing.assert_close(compiled_q, eager_q)
+    torch.testing.assert_close(compiled_k, eager_k)
+    program = torch.export.export(QK(), (q, k, cos, sin))
+    assert "ropelib.rotate_qk" in str(program.graph)
+    exported_q, exported_k = program.module()(q, k, cos, sin)
+    torch.testing.assert_close(exported_q, eager_q)
+    torch.testing.assert_close(exported_k, eager_k)
+
+
+def test_query_and_key_arguments_are_checked():
+    q, k, cos, sin = _qk_inputs("cpu")
+    with pytest.raises(ValueError, match="k must have q's shape but for the heads dim"):
+        apply_rope_qk(q, k[:, :, :5], cos, sin)
+    with pytest.raises(ValueError, match="pass either out=.* or inplace=True"):
+        apply_rope_qk(q, k, cos, sin, out=(q, k), inplace=True)
+    with pytest.raises(TypeError, match="out must be a pair"):
+        apply_rope_qk(q, k, cos, sin, out=q)
+    with pytest.raises(ValueError, match="k_out shares memory with q"):
+        apply_rope_qk(q, k, cos, sin, out=(torch.empty_like(q), q[:, :2]))
