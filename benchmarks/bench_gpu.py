@@ -115,6 +115,9 @@ def forward_cases(x: torch.Tensor, layout: str) -> dict[str, object]:
         "ropelib": lambda: apply_rope(x, cos, sin, layout=layout),
         "ropelib out=": lambda: apply_rope(x, cos, sin, layout=layout, out=buffer),
         "ropelib in place": lambda: apply_rope(work, cos, sin, layout=layout, out=work),
+        "kernel alone (no Python checks)": lambda: triton_rope.run(
+            [x], [buffer], cos, sin, layout, d, False, None, None,
+            triton_rope.choose_config(1, 1, s, d, True)),
     }
     if layout == "half":
         compiled = torch.compile(hf_apply)

@@ -302,12 +302,16 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
             torch._assert_async((positions < table_len).all(),
                                 "positions must be < the cos/sin table length")
     else:
-        low, high = (int(v) for v in torch.aminmax(axes))
+        bounds = [*torch.aminmax(axes)]
+        if positions.numel():
+            bounds += [t.to(axes.device) for t in torch.aminmax(positions)]
+        bounds = torch.stack(bounds).tolist()  # one read of the device, not four
+        low, high = bounds[:2]
         if low < 0 or high >= k:
             raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
                              f"got values in [{low}, {high}]")
         if positions.numel():
-            low, high = (int(v) for v in torch.aminmax(positions))
+            low, high = bounds[2:]
             if low < 0:
                 raise ValueError(f"positions must be >= 0, got min {low}")
             if high >= table_len and (short_table == "raise" or not table_len):
@@ -344,7 +348,7 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         return positions
     if positions.numel() == 0:
         return positions
-    low, high = int(positions.min()), int(positions.max())
+    low, high = torch.stack(torch.aminmax(positions)).tolist()  # one read of the device
     if low < 0:
         raise ValueError(f"positions must be >= 0, got min {low}")
     if high >= table_len and short_table == "raise":

@@ -44,7 +44,8 @@ from triton.runtime.interpreter import InterpretedFunction
 
 NAME = "triton"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-TILE_ELEMENTS = 4096  # elements of x in one (BLOCK_S, head_dim) tile
+TILE_ELEMENTS = 2048  # elements of x in one (BLOCK_S, head_dim) tile
+HEADS_PER_PROGRAM = 4
 MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
 
 
@@ -206,7 +207,8 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     """
     outs = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
             for x, o in zip(xs, outs, strict=True)]
-    batch, operands, table_strides, position_strides = _leading(xs, outs, cos, sin, positions)
+    batch, plan, table_strides, position_strides = _leading(xs, outs, cos, sin, positions)
+    operands = [_Operand(x, out, *p) for x, out, p in zip(xs, outs, plan, strict=True)]
     x = xs[0]
     seq, head_dim = x.shape[-2], x.shape[-1]
     heads = sum(op.heads for op in operands)
@@ -238,17 +240,12 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -> Config:
-    """Tiles of about ``TILE_ELEMENTS`` elements; heads split over programs only when there
-    are too few token blocks to fill the GPU."""
+    """Tiles of ``TILE_ELEMENTS`` elements of x and ``HEADS_PER_PROGRAM`` heads a program, 8
+    warps: the best of 48 tile shapes for both layouts and dtypes on an H200 at (4, 32, 4096,
+    128) (``bench_gpu.py --sweep``, benchmarks/results/2026-11-26-h200.txt). The interpreter
+    runs one program per token block and batch entry (its programs run one after another)."""
     block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
-    programs = batch * triton.cdiv(seq, block_s)
-    groups = max(1, min(heads, 4 * _multiprocessors() // max(programs, 1))) if cuda else 1
-    return Config(block_s, triton.cdiv(heads, groups), 4)
-
-
-@functools.cache
-def _multiprocessors() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return Config(block_s, HEADS_PER_PROGRAM if cuda else max(heads, 1), 8)
 
 
 def _pow2(n: int) -> int:
@@ -257,63 +254,71 @@ def _pow2(n: int) -> int:
 
 def _leading(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, positions: torch.Tensor | None):
+    """``_plan`` of these tensors' shapes and strides (plain integers, kept for the shapes
+    seen recently: working it out costs more Python than the launch)."""
+    def meta(t: torch.Tensor | None) -> tuple | None:
+        return None if t is None else (tuple(t.shape), t.stride())
+
+    return _plan(tuple(meta(x) for x in xs), tuple(meta(o if o is not None else x)
+                                                    for x, o in zip(xs, outs, strict=True)),
+                 meta(cos), meta(sin), meta(positions))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None):
     """x's leading dims (all but seq and channels) as a batch dim and a heads dim: (batch,
-    operands, the tables' (b, h, s, channel) strides for cos then sin, the positions' (b, s,
-    k) strides), or None when they cannot be merged so. The rows (or positions) may vary
-    along the batch dim; along the heads dim they are shared (a stride of 0), except for
-    given rows with a heads dim of their own (then read per head)."""
-    x = xs[0]
-    lead = x.ndim - 2
+    per x (heads, its (b, h, s) strides, its destination's), the tables' (b, h, s, channel)
+    strides for cos then sin, the positions' (b, s, k) strides), or None when they cannot be
+    merged so. The rows (or positions) may vary along the batch dim; along the heads dim they
+    are shared (a stride of 0), except for given rows with a heads dim of their own (then read
+    per head, for one x only). Each argument is (shape, strides)."""
+    shape = xs[0][0]
+    lead = len(shape) - 2
     source = cos if positions is None else positions
-    # each leading dim of x, with the rows' (or positions') stride along it (0: broadcast)
-    row_strides = [_broadcast_stride(source, x.ndim, d) for d in range(lead)]
-    sin_strides = [_broadcast_stride(sin, x.ndim, d) for d in range(lead)] if positions is None \
-        else row_strides
-    operands = []
-    batch = base_b = heads_rows = None
-    for k, t in enumerate(xs):
-        out = outs[k] if outs[k] is not None else t
-        dims = [(t.shape[d], t.stride(d), out.stride(d), row_strides[d], sin_strides[d])
-                for d in range(lead)]
-        merged = _merge(dims)
+    row_strides = [_broadcast_stride(source, len(shape), d) for d in range(lead)]
+    sin_strides = row_strides if positions is not None else [
+        _broadcast_stride(sin, len(shape), d) for d in range(lead)]
+    operands, base = [], None
+    for k, ((x_shape, x_stride), (_, o_stride)) in enumerate(zip(xs, outs, strict=True)):
+        merged = _merge([(x_shape[d], x_stride[d], o_stride[d], row_strides[d], sin_strides[d])
+                         for d in range(lead)])
         if merged is None:
             return None
+        one = (1, 0, 0, 0, 0)
         if len(merged) == 2:
             b_dim, h_dim = merged
-        elif len(merged) == 1:
-            b_dim, h_dim = ((1, 0, 0, 0, 0), merged[0]) if merged[0][3] == 0 and merged[0][4] == 0 \
-                else (merged[0], (1, 0, 0, 0, 0))
+        elif len(merged) == 1 and not (merged[0][3] or merged[0][4]):
+            b_dim, h_dim = one, merged[0]
         else:
-            b_dim, h_dim = (1, 0, 0, 0, 0), (1, 0, 0, 0, 0)
-        if k and (b_dim[0] != batch or b_dim[3:] != base_b[3:]):
-            return None
-        if k and (h_dim[3] or h_dim[4]):
-            return None  # rows with a heads dim of their own cannot serve q and k both
-        batch, base_b = b_dim[0], b_dim
-        operands.append(_Operand(t, out, h_dim[0], (b_dim[1], h_dim[1], t.stride(-2)),
-                                 (b_dim[2], h_dim[2], out.stride(-2))))
-        heads_rows = (h_dim[3], h_dim[4])
+            b_dim, h_dim = (merged[0] if merged else one), one
+        if k and (b_dim[0] != base[0] or b_dim[3:] != base[3:] or h_dim[3] or h_dim[4]):
+            return None  # q and k must share the batch dim and the rows
+        base, heads_rows = base or b_dim, (h_dim[3], h_dim[4])
+        operands.append((h_dim[0], (b_dim[1], h_dim[1], x_stride[-2]),
+                         (b_dim[2], h_dim[2], o_stride[-2])))
     if positions is None:
-        tables = (base_b[3], heads_rows[0], _row_stride(cos, -2), cos.stride(-1),
-                  base_b[4], heads_rows[1], _row_stride(sin, -2), sin.stride(-1))
-        return batch, operands, tables, (0, 0, 0)
+        tables = (base[3], heads_rows[0], _row_stride(cos), cos[1][-1],
+                  base[4], heads_rows[1], _row_stride(sin), sin[1][-1])
+        return base[0], operands, tables, (0, 0, 0)
     if heads_rows[0]:
         return None
-    tables = (0, 0, cos.stride(0), cos.stride(1), 0, 0, sin.stride(0), sin.stride(1))
-    return batch, operands, tables, (base_b[3], _row_stride(positions, -2), positions.stride(-1))
+    tables = (0, 0, cos[1][0], cos[1][1], 0, 0, sin[1][0], sin[1][1])
+    return base[0], operands, tables, (base[3], _row_stride(positions), positions[1][-1])
 
 
-def _broadcast_stride(t: torch.Tensor, ndim: int, d: int) -> int:
-    """t's stride along dim d of a tensor with ``ndim`` dims that t broadcasts against
-    (0 where t lacks the dim or has size 1)."""
-    k = d - (ndim - t.ndim) if t.ndim < ndim else d
-    if k < 0 or t.shape[k] == 1:
+def _broadcast_stride(t: tuple, ndim: int, d: int) -> int:
+    """The stride along dim d of a tensor with ``ndim`` dims that t = (shape, strides)
+    broadcasts against (0 where t lacks the dim or has size 1)."""
+    shape, strides = t
+    k = d - (ndim - len(shape))
+    if k < 0 or shape[k] == 1:
         return 0
-    return t.stride(k)
+    return strides[k]
 
 
-def _row_stride(t: torch.Tensor, d: int) -> int:
-    return 0 if t.shape[d] == 1 else t.stride(d)
+def _row_stride(t: tuple) -> int:
+    """The stride of t = (shape, strides) along its rows (dim -2); 0 for a single row."""
+    return 0 if t[0][-2] == 1 else t[1][-2]
 
 
 def _merge(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
