@@ -159,8 +159,12 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table)
         return cos, sin, coordinates, axes
     if cos.ndim == 2:
+        if positions is None and isinstance(offset, torch.Tensor):  # an offset on the device
+            positions, offset = offset + torch.arange(x.shape[-2], device=offset.device), 0
+        if positions is not None and x.device.type != "cpu" and not tracing():
+            return cos, sin, _device_coordinates(positions, x, offset, cos, short_table), None
         cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
-    elif positions is not None or offset:
+    elif positions is not None or _given(offset):
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
     return cos, sin, None, None
@@ -211,10 +215,19 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     return rd, _check_offset(offset)
 
 
-def _check_offset(offset: object) -> int:
-    """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool)."""
+def _check_offset(offset: object) -> int | torch.Tensor:
+    """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool); a
+    0-d integer tensor on a GPU stays a tensor (reading it would wait for the device), and
+    is checked there."""
     if type(offset) is int and offset >= 0:
         return offset
+    if isinstance(offset, torch.Tensor) and offset.device.type != "cpu":
+        if offset.ndim or offset.is_floating_point() or offset.is_complex() or (
+                offset.dtype == torch.bool):
+            raise ValueError(f"offset must be a non-negative int or a 0-d integer tensor, got "
+                             f"a tensor of shape {tuple(offset.shape)} and dtype {offset.dtype}")
+        torch._assert_async(offset >= 0, "offset must be >= 0")
+        return offset.long()
     if isinstance(offset, torch.SymInt):  # a symbolic length under torch.compile / export
         torch._check(offset >= 0, lambda: "offset must be a non-negative int")
         return offset
@@ -291,7 +304,7 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
                          f"or (batch, seq_len, k) = "
                          f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}, k), got "
                          f"{tuple(positions.shape)}")
-    if offset:
+    if _given(offset):
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     k = positions.shape[-1]
@@ -326,9 +339,29 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
     return positions.to(cos.device), axes.to(cos.device)
 
 
+def _given(offset: int | torch.Tensor) -> bool:
+    """Whether an offset was given (a tensor always counts: its value lives on a device)."""
+    return isinstance(offset, torch.Tensor) or offset != 0
+
+
+def _device_coordinates(positions: torch.Tensor, x: torch.Tensor, offset: int,
+                        cos: torch.Tensor, short_table: str) -> torch.Tensor:
+    """Positions ``(seq,)`` or ``(batch, seq)`` of x on a GPU as the operator's coordinates
+    ``(1 or batch, 1, ..., seq, 1)``, which the kernel reads the table rows through (no
+    gather, nothing read back to the host: the range is asserted on the device)."""
+    positions = _check_positions(positions, x, offset, cos.shape[0], short_table)
+    positions = positions.to(cos.device)
+    if short_table == "repeat_last":
+        positions = positions.clamp_max(cos.shape[0] - 1)
+    lead = (1,) * (x.ndim - 2) if positions.ndim == 1 else (
+        positions.shape[:1] + (1,) * (x.ndim - 3))
+    return positions.reshape(lead + positions.shape[-1:] + (1,))
+
+
 def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
                      short_table: str) -> torch.Tensor:
-    """positions as int64 (uint8 would index as a mask), after checking them."""
+    """positions as int64 (uint8 would index as a mask), after checking them: on the host
+    when they are there, else with assertions on their device (no wait for it)."""
     positions = check_int_tensor("positions", positions)
     seq_len = x.shape[-2]
     ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
@@ -337,14 +370,15 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         raise ValueError(
             f"positions must have shape (seq_len,) = ({seq_len},) or (batch, seq_len) = "
             f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}), got {tuple(positions.shape)}")
-    if offset:
+    if _given(offset):
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
-    if tracing():  # checked on the tensors: no data-dependent branch in the graph
-        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+    if tracing() or positions.device.type != "cpu":  # no data-dependent branch, no wait
+        within = positions >= 0
         if short_table == "raise":
-            torch._assert_async((positions < table_len).all(),
-                                "positions must be < the cos/sin table length")
+            within &= positions < table_len
+        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
+                            "length (rows 0 .. table_len - 1)")
         return positions
     if positions.numel() == 0:
         return positions

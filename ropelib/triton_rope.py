@@ -14,8 +14,8 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
 - **Rows.** The rows are given (a slice or a gather, with any strides, broadcast where their
   stride is 0), or read in the kernel from the 2-D tables through positions: one coordinate
   per token (per-row positions) or, for multi-axis RoPE whose pairs each follow one axis
-  (M-RoPE), coordinate ``axes[i]`` for pair i. A coordinate outside the table reads zeros
-  instead of memory it does not own (the callers check the positions before).
+  (M-RoPE), coordinate ``axes[i]`` for pair i. A coordinate outside the table reads no
+  memory and turns its rows to NaN (the callers assert the range too, on the device).
 - **Arithmetic** in float32 whatever the storage (tables of any float dtype are widened on
   load, x is widened on load and rounded once on store); ``inverse`` rotates by -theta, the
   gradient's rotation. Channels past ``rotary_dim`` are copied unless the rotation is in place.
@@ -52,7 +52,7 @@ MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
 def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
           X2, O2, H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
           COS, SIN, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
-          POS, p_b, p_s, p_k, AXES, TABLE_LEN, SEQ, HEADS_PER_PROGRAM,
+          POS, p_b, p_s, p_k, AXES, TABLE_LEN, SEQ, HEADS_PER_PROGRAM: tl.constexpr,
           ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
           BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr,
           INVERSE: tl.constexpr, MODE: tl.constexpr, ROWS_PER_HEAD: tl.constexpr):
@@ -84,11 +84,14 @@ def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
             coord = tl.load(POS + b * p_b + s64[:, None] * p_s + axis[None, :] * p_k,
                             mask=mask, other=0)
         coord = coord.to(tl.int64)
-        row_mask = mask & (coord >= 0) & (coord < TABLE_LEN)
+        inside = (coord >= 0) & (coord < TABLE_LEN)
+        row_mask = mask & inside
         cos_at = COS + coord * c_s + i[None, :] * c_i
         sin_at = SIN + coord * s_s + i[None, :] * s_i
     if not ROWS_PER_HEAD:
         cos = tl.load(cos_at, mask=row_mask, other=0.0).to(tl.float32)
+        if MODE != 0:  # a coordinate outside the table turns its row to NaN, never to memory
+            cos = tl.where(inside, cos, float("nan"))
         sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
         if INVERSE:
             sin = -sin
@@ -100,38 +103,40 @@ def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
         pair_mask = rows[:, None] & (c < ROTARY)[None, :]
     first = g * HEADS_PER_PROGRAM
     heads = H1 + H2
-    for j in range(0, HEADS_PER_PROGRAM):
+    for j in tl.static_range(HEADS_PER_PROGRAM):  # unrolled: the heads' loads overlap
         head = first + j
-        if head < heads:
-            second = head >= H1
-            h = tl.where(second, head - H1, head).to(tl.int64)
-            x_at = tl.where(second, X2 + b * x2_b + h * x2_h, X1 + b * x1_b + h * x1_h)
-            o_at = tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h)
-            x_at = x_at + s64[:, None] * tl.where(second, x2_s, x1_s)
-            o_at = o_at + s64[:, None] * tl.where(second, o2_s, o1_s)
-            if ROWS_PER_HEAD:
-                cos = tl.load(cos_at + h * c_h, mask=row_mask, other=0.0).to(tl.float32)
-                sin = tl.load(sin_at + h * s_h, mask=row_mask, other=0.0).to(tl.float32)
-                if INVERSE:
-                    sin = -sin
-            if HALF:
-                a = tl.load(x_at + i[None, :], mask=mask, other=0.0).to(tl.float32)
-                z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=mask, other=0.0).to(tl.float32)
-            else:
-                tile = tl.load(x_at + c[None, :], mask=pair_mask, other=0.0).to(tl.float32)
-                a, z = tl.split(tl.reshape(tile, (BLOCK_S, BLOCK_P, 2)))
-            a_new = a * cos - z * sin
-            z_new = a * sin + z * cos
-            if HALF:
-                tl.store(o_at + i[None, :], a_new.to(O1.dtype.element_ty), mask=mask)
-                tl.store(o_at + ROTARY // 2 + i[None, :], z_new.to(O1.dtype.element_ty),
-                         mask=mask)
-            else:
-                tile = tl.reshape(tl.join(a_new, z_new), (BLOCK_S, 2 * BLOCK_P))
-                tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=pair_mask)
-            if BLOCK_R > 0:
-                tl.store(o_at + r[None, :], tl.load(x_at + r[None, :], mask=rest_mask),
-                         mask=rest_mask)
+        live = s < tl.where(head < heads, SEQ, 0)  # this head's rows (none past the last)
+        live_mask = live[:, None] & pairs[None, :]
+        second = head >= H1
+        h = tl.where(second, head - H1, head).to(tl.int64)
+        x_at = tl.where(second, X2 + b * x2_b + h * x2_h, X1 + b * x1_b + h * x1_h)
+        o_at = tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h)
+        x_at = x_at + s64[:, None] * tl.where(second, x2_s, x1_s)
+        o_at = o_at + s64[:, None] * tl.where(second, o2_s, o1_s)
+        if ROWS_PER_HEAD:
+            cos = tl.load(cos_at + h * c_h, mask=row_mask & live[:, None], other=0.0).to(tl.float32)
+            sin = tl.load(sin_at + h * s_h, mask=row_mask & live[:, None], other=0.0).to(tl.float32)
+            if INVERSE:
+                sin = -sin
+        if HALF:
+            a = tl.load(x_at + i[None, :], mask=live_mask, other=0.0).to(tl.float32)
+            z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=live_mask,
+                        other=0.0).to(tl.float32)
+        else:
+            tile = tl.load(x_at + c[None, :], mask=pair_mask & live[:, None], other=0.0).to(tl.float32)
+            a, z = tl.split(tl.reshape(tile, (BLOCK_S, BLOCK_P, 2)))
+        a_new = a * cos - z * sin
+        z_new = a * sin + z * cos
+        if HALF:
+            tl.store(o_at + i[None, :], a_new.to(O1.dtype.element_ty), mask=live_mask)
+            tl.store(o_at + ROTARY // 2 + i[None, :], z_new.to(O1.dtype.element_ty),
+                     mask=live_mask)
+        else:
+            tile = tl.reshape(tl.join(a_new, z_new), (BLOCK_S, 2 * BLOCK_P))
+            tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=pair_mask & live[:, None])
+        if BLOCK_R > 0:
+            rest = tl.load(x_at + r[None, :], mask=rest_mask & live[:, None])
+            tl.store(o_at + r[None, :], rest, mask=rest_mask & live[:, None])
 
 
 _compiled = triton.jit(_rope)

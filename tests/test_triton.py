@@ -273,3 +273,89 @@ def test_query_and_key_arguments_are_checked():
         apply_rope_qk(q, k, cos, sin, out=q)
     with pytest.raises(ValueError, match="k_out shares memory with q"):
         apply_rope_qk(q, k, cos, sin, out=(torch.empty_like(q), q[:, :2]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_read_through_positions_in_the_kernel(device, layout):
+    """One coordinate per token (the GPU path of positions=, and of a 0-d offset tensor):
+    the kernel reads each token's table row itself; a coordinate outside the table turns
+    that token's rows to NaN and reads nothing (the callers assert the range as well)."""
+    x = torch.randn(3, 2, 5, 16, device=device)
+    cos, sin = generate_rope_embeddings(40, 16, device=device)
+    positions = torch.randint(0, 40, (3, 5))
+    coordinates = positions[:, None, :, None].to(device)  # (batch, 1, seq, 1)
+    result = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    close(result, reference(x, positions[:, None, :], 16, layout), torch.float32)
+    inverse = kernels.rotate(result, cos, sin, layout, 16, True, coordinates, None)
+    close(inverse, x.cpu().to(F64), torch.float32)
+    coordinates[1, 0, 2, 0] = 40
+    coordinates[2, 0, 0, 0] = -1
+    poisoned = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None).cpu()
+    assert poisoned[1, :, 2].isnan().all() and poisoned[2, :, 0].isnan().all()
+    poisoned[1, :, 2] = poisoned[2, :, 0] = 0
+    expected = reference(x, positions[:, None, :], 16, layout)
+    expected[1, :, 2] = expected[2, :, 0] = 0
+    close(poisoned, expected, torch.float32)
+
+
+def test_gradcheck(device):
+    """torch.autograd.gradcheck of apply_rope_qk in float32 (the kernel's dtypes; the
+    rotation is linear in x and in the tables, so central differences with a step of 1e-2
+    are exact up to float32 rounding)."""
+    q = torch.randn(1, 2, 3, 8, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 3, 8, device=device, requires_grad=True)
+    cos, sin = (t.requires_grad_() for t in generate_rope_embeddings(3, 8, device=device))
+    assert torch.autograd.gradcheck(
+        lambda q, k, cos, sin: apply_rope_qk(q, k, cos, sin, layout="half"),
+        (q, k, cos, sin), eps=1e-2, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_decode_step_is_captured_in_a_cuda_graph():
+    """apply_rope_qk at per-row positions (a decode step) holds no host read: captured once
+    with torch.cuda.graph, each replay with new positions and tokens equals the eager call."""
+    cos, sin = generate_rope_embeddings(4096, 64, device="cuda")
+    q = torch.randn(8, 4, 1, 64, device="cuda")
+    k = torch.randn(8, 2, 1, 64, device="cuda")
+    positions = torch.randint(0, 4096, (8, 1), device="cuda")
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+
+    def step():
+        apply_rope_qk(q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out))
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        positions.copy_(torch.randint(0, 4096, (8, 1), device="cuda"))
+        graph.replay()
+        expected_q, expected_k = apply_rope_qk(q, k, cos, sin, layout="half",
+                                               positions=positions)
+        torch.testing.assert_close(q_out, expected_q, rtol=0, atol=0)
+        torch.testing.assert_close(k_out, expected_k, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a device-side assert needs a GPU")
+def test_a_bad_position_on_cuda_is_a_device_side_error():
+    """On CUDA the range of positions is asserted on the device: the call returns at once,
+    and the next synchronization raises (in a subprocess: the assert ends its CUDA context)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from ropelib import apply_rope, generate_rope_embeddings\n"
+        "cos, sin = generate_rope_embeddings(16, 8, device='cuda')\n"
+        "x = torch.randn(1, 2, 3, 8, device='cuda')\n"
+        "apply_rope(x, cos, sin, positions=torch.tensor([0, 5, 16], device='cuda'))\n"
+        "torch.cuda.synchronize()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode != 0
+    assert "device-side assert" in result.stderr or "positions must be >= 0" in result.stderr
