@@ -89,7 +89,9 @@ def optional(module: str, name: str):
 
 
 FLASH_ROTARY = optional("flash_attn.ops.triton.rotary", "apply_rotary")
-LIGER_ROPE = optional("liger_kernel.ops.rope", "LigerRopeFunction")
+LIGER_ROPE = optional("liger_kernel.transformers.rope", "liger_rotary_pos_emb")
+LIGER_MROPE = optional("liger_kernel.transformers.qwen2vl_mrope",
+                       "liger_multimodal_rotary_pos_emb")
 
 
 def single_tensor_tables(dtype: torch.dtype) -> None:
@@ -161,43 +163,53 @@ def qk_table(dtype: torch.dtype) -> None:
         "HF eager": lambda: (hf_apply(q, cos_full, sin_full), hf_apply(k, cos_full, sin_full)),
         "HF compiled": lambda: compiled(q, k),
     }
-    if LIGER_ROPE is not None:  # Liger: in place on (B, H, S, D), cos/sin (1, S, D)
-        cases["Liger rope (in place)"] = lambda: LIGER_ROPE.apply(
-            q_buf, k_buf, cos_full[None], sin_full[None])
+    if LIGER_ROPE is not None:  # Liger: (B, H, S, D) q and k, cos/sin (1, S, D)
+        cases["Liger rope"] = lambda: LIGER_ROPE(q, k, cos_full[None], sin_full[None])
     table(f"q ({hq} heads) and k ({hk} heads), half, {dtype}, batch {b}, seq {s}, dim {d}",
           timed(cases), "copy_ both", 2 * (q.numel() + k.numel()) * q.element_size())
 
 
 def mrope_table() -> None:
+    """Qwen2-VL's M-RoPE on q (16 heads) and k (2 heads) of a mixed text/image/video
+    sequence, every token at its (t, h, w) position."""
     dtype = torch.bfloat16
     b, h, s, d = MROPE_SHAPE
+    sections = [16, 24, 24]
     positions = mrope_positions(MROPE_SEGMENTS, spatial_merge_size=2).cuda()
     assert positions.shape[0] == s
-    x = torch.randn(MROPE_SHAPE, device="cuda", dtype=dtype)
-    buffer = torch.empty_like(x)
-    axes = axis_of_pairs(d, [16, 24, 24]).cuda()
+    q = torch.randn(MROPE_SHAPE, device="cuda", dtype=dtype)
+    k = torch.randn(b, 2, s, d, device="cuda", dtype=dtype)
+    q_buf, k_buf = torch.empty_like(q), torch.empty_like(k)
+    axes = axis_of_pairs(d, sections).cuda()
     cos, sin = generate_rope_embeddings(int(positions.max()) + 1, d, base=1e6, device="cuda")
-    sections = [16, 24, 24]
     inv_freq = 1e6 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+    freqs = positions.T.float()[:, None, :, None] * inv_freq  # (3, 1, S, d/2)
+    cos3, sin3 = (torch.cat((f, f), -1).to(dtype) for f in (freqs.cos(), freqs.sin()))
 
     def hf_mrope():
-        """Qwen2-VL's eager path: per-axis angles, sections picked, then rotate_half."""
-        freqs = positions.T.float()[:, :, None] * inv_freq  # (3, S, d/2)
-        emb = torch.cat((freqs, freqs), -1)
-        chunks = [c[i % 3] for i, c in enumerate(emb.split(sections * 2, dim=-1))]
-        full = torch.cat(chunks, -1)
-        return hf_apply(x, full.cos().to(dtype), full.sin().to(dtype))
+        """Qwen2-VL's eager path: the sections of each axis's tables, then rotate_half."""
+        full_cos = torch.cat([c[i % 3] for i, c in enumerate(cos3.split(sections * 2, -1))], -1)
+        full_sin = torch.cat([c[i % 3] for i, c in enumerate(sin3.split(sections * 2, -1))], -1)
+        return (hf_apply(q, full_cos[:, None], full_sin[:, None]),
+                hf_apply(k, full_cos[:, None], full_sin[:, None]))
+
+    def copies():
+        q_buf.copy_(q)
+        k_buf.copy_(k)
 
     cases = {
-        "copy_": lambda: buffer.copy_(x),
-        "ropelib M-RoPE": lambda: apply_rope(x, cos, sin, layout="half", positions=positions,
-                                             axes=axes),
-        "ropelib M-RoPE out=": lambda: apply_rope(x, cos, sin, layout="half",
-                                                  positions=positions, axes=axes, out=buffer),
+        "copy_ both": copies,
+        "ropelib apply_rope_qk M-RoPE": lambda: apply_rope_qk(
+            q, k, cos, sin, layout="half", positions=positions, axes=axes),
+        "ropelib M-RoPE out=": lambda: apply_rope_qk(
+            q, k, cos, sin, layout="half", positions=positions, axes=axes, out=(q_buf, k_buf)),
         "HF eager M-RoPE": hf_mrope,
     }
+    if LIGER_MROPE is not None:
+        cases["Liger M-RoPE"] = lambda: LIGER_MROPE(q, k, cos3, sin3, sections)
     table(f"M-RoPE (Qwen2-VL sections 16/24/24, positions of a mixed sequence), half, {dtype}, "
-          f"{MROPE_SHAPE}", timed(cases), "copy_", 2 * x.numel() * x.element_size())
+          f"q {MROPE_SHAPE}, k 2 heads", timed(cases), "copy_ both",
+          2 * (q.numel() + k.numel()) * q.element_size())
 
 
 def backward_table() -> None:
@@ -256,6 +268,8 @@ def decode_table() -> None:
 
     cases = {"ropelib apply_rope_qk": ropelib_step, "ropelib operator": kernel_step,
              "HF eager": hf_step}
+    if LIGER_ROPE is not None:
+        cases["Liger rope"] = lambda: LIGER_ROPE(q, k, cos_full[positions], sin_full[positions])
     print(f"\ndecode step, {DECODE_ROWS} rows at their own positions, q {hq} heads, k {hk}, "
           f"half, {dtype}")
     print(f"{'formulation':<36}{'eager us/call':>15}{'graph replay us':>17}")
@@ -284,6 +298,49 @@ def decode_table() -> None:
             replay = f"  capture failed: {type(error).__name__}: {str(error)[:80]}"
             torch.cuda.synchronize()
         print(f"{name:<36}{statistics.median(samples):15.1f}{replay}")
+
+
+def attention_table() -> None:
+    """The attention layer forward (4096 wide, GQA 32/8, causal, 4096 tokens, bf16, no
+    grad): ropelib's module with and without RoPE on the same weights, compiled, and Hugging
+    Face's LlamaAttention (SDPA). RoPE's share: (with - without) / without."""
+    from ropelib import StandardAttentionWithRoPE
+
+    dtype, width, tokens = torch.bfloat16, 4096, 4096
+    kw = {"num_kv_heads": 8, "bias": False, "layout": "half", "device": "cuda", "dtype": dtype}
+    with_rope = StandardAttentionWithRoPE(width, 32, **kw).eval()
+    without = StandardAttentionWithRoPE(width, 32, rope=False, **kw).eval()
+    without.load_state_dict(with_rope.state_dict(), strict=False)
+    compiled = torch.compile(with_rope, fullgraph=True)
+    x = torch.randn(1, tokens, width, device="cuda", dtype=dtype)
+    cases = {
+        "module, RoPE": lambda: with_rope(x, x, x, is_causal=True),
+        "module, no RoPE": lambda: without(x, x, x, is_causal=True),
+        "module compiled, RoPE": lambda: compiled(x, x, x, is_causal=True),
+    }
+    try:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+        config = LlamaConfig(hidden_size=width, num_attention_heads=32, num_key_value_heads=8,
+                             max_position_embeddings=tokens)
+        config._attn_implementation = "sdpa"
+        hf = LlamaAttention(config, 0).to("cuda", dtype).eval()
+        rotary = LlamaRotaryEmbedding(config).to("cuda")
+        position_ids = torch.arange(tokens, device="cuda")[None]
+
+        def hf_layer():
+            return hf(x, rotary(x, position_ids), attention_mask=None, is_causal=True)
+
+        cases["HF LlamaAttention (SDPA), RoPE"] = hf_layer
+    except Exception as error:
+        print(f"  (HF LlamaAttention not built: {type(error).__name__}: {error})")
+    with torch.no_grad():
+        times = timed(cases)
+    table(f"attention layer forward, width {width}, GQA 32/8, causal, {tokens} tokens, {dtype}",
+          times, "module, no RoPE", 4 * x.numel() * x.element_size())
+    share = (times["module, RoPE"] - times["module, no RoPE"]) / times["module, no RoPE"]
+    print(f"  RoPE's share of the module's forward: {share:.1%}")
 
 
 def sweep() -> None:
@@ -332,7 +389,7 @@ def main() -> None:
     steps = [functools.partial(single_tensor_tables, torch.bfloat16),
              functools.partial(single_tensor_tables, torch.float32),
              functools.partial(qk_table, torch.bfloat16), mrope_table, backward_table,
-             decode_table] + ([sweep] if args.sweep else [])
+             decode_table, attention_table] + ([sweep] if args.sweep else [])
     for step in steps:
         try:
             step()
