@@ -9,6 +9,7 @@ from 257 on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -45,10 +46,23 @@ def rope_frequencies(
     return inv_freq.to(device=device, dtype=dtype)
 
 
+def reduced_angles(angles: torch.Tensor) -> torch.Tensor:
+    """float64 angles reduced to [-pi, pi) in float64, then rounded to float32: their cos and
+    sin in float32 are within float32 rounding of the float64 ones, however large the angle
+    (an angle of 10^6 rad rounded to float32 first would be off by up to 0.03 rad)."""
+    return (torch.remainder(angles + math.pi, 2 * math.pi) - math.pi).float()
+
+
 def _angles_to_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
                       device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles m * theta_i in float64, in ``dtype`` on ``device``. On a GPU,
+    for tables below float64, only the angle and its reduction to [-pi, pi) are float64 (a
+    multiply and a remainder); cos and sin are float32 there, where float64 cos and sin are
+    slow: the results stay within float32 rounding of the float64 ones at any position."""
     with torch.autocast("cpu", enabled=False):
         angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq
+        if angles.device.type != "cpu" and dtype != torch.float64:
+            angles = reduced_angles(angles)
         cos, sin = torch.cos(angles), torch.sin(angles)
         if attention_factor != 1.0:
             cos, sin = cos * attention_factor, sin * attention_factor
