@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch.autograd import forward_ad
 
-from . import kernels
+from . import distributed, kernels
 from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
 
 Layout = Literal["interleaved", "half"]
@@ -73,6 +73,8 @@ def apply_rope(
     Returns:
         A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
+    if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
+        cos, sin, positions, axes = distributed.dtensor_arguments(x, cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
