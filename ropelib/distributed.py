@@ -17,12 +17,14 @@ it splits over every dim but the channels:
 - **x sharded over the channels**: a pair may span two ranks; DTensor redistributes x to
   one of the placements above first (a collective), and the result has that placement.
 
-``apply_rope`` calls ``dtensor_arguments`` when x or a table is not a plain tensor: it
+``apply_rope`` calls ``plain_arguments`` when x or a table is not a plain tensor: it
 registers the rules on first use, so ``import ropelib`` never imports
-``torch.distributed.tensor`` (about a second). Plain tables (and positions, axes) with a
-DTensor x are taken as replicated: the same on every rank, as ``RotaryEmbedding`` builds
-them. Whoever calls the operators on DTensors without ``apply_rope`` calls
-``register_sharding_rules()`` once first.
+``torch.distributed.tensor`` (about a second), and hands the checks and the row selection
+plain tables and positions (they speak of the global sequence); ``replicated_arguments``
+then gives the operator the rows as DTensors replicated on x's mesh. So plain tables
+(and positions, axes) with a DTensor x are taken as replicated: the same on every rank, as
+``RotaryEmbedding`` builds them. Whoever calls the operators on DTensors without
+``apply_rope`` calls ``register_sharding_rules()`` once first.
 
 Only ``torch.Tensor`` arguments take part: under FSDP2 (``fully_shard``) the parameters are
 gathered into plain tensors before the forward, so the rotation sees plain q and k and
@@ -46,45 +48,66 @@ def dtensor_class() -> type | None:
     return None if module is None else module.DTensor
 
 
-def dtensor_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      positions: torch.Tensor | None, axes: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                 torch.Tensor | None]:
-    """``apply_rope``'s arguments ready for the operators when some are DTensors: plain
-    ``cos``, ``sin``, ``positions`` and ``axes`` beside a DTensor x become replicated
-    DTensors on x's mesh, and the sharding rules are registered. Arguments that hold no
-    DTensor come back as they are.
+def plain_arguments(rotated: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor,
+                    positions: torch.Tensor | None, axes: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                               torch.Tensor | None]:
+    """The first half of a DTensor call of ``apply_rope`` (``rotated = (x,)``) or
+    ``apply_rope_qk`` (``(q, k)``): ``cos``, ``sin``, ``positions`` and ``axes`` as plain
+    tensors (a DTensor's whole value, ``full_tensor()``), so that the checks and the row
+    selection work on them as usual; the sharding rules are registered. Arguments that
+    hold no DTensor come back as they are. ``replicated_arguments`` hands the rows to the
+    operator.
 
     Raises:
-        TypeError: a DTensor table with a plain x (which placement x has is unknown).
+        TypeError: DTensors mixed with plain tensors to rotate, or DTensor tables with a
+            plain x (which placement x has is unknown).
         ValueError: plain positions of the length of x's local shard, not of its global
             sequence.
     """
     dtensor = dtensor_class()
     if dtensor is None:
         return cos, sin, positions, axes
+    names = ("x",) if len(rotated) == 1 else ("q", "k")
+    distributed = [isinstance(t, dtensor) for t in rotated]
+    if any(distributed) and not all(distributed):
+        raise TypeError(f"{names[distributed.index(True)]} is a DTensor but "
+                        f"{names[distributed.index(False)]} is a plain torch.Tensor; pass "
+                        "both as DTensors (e.g. DTensor.from_local(k, mesh, placements))")
     tables = [name for name, t in (("cos", cos), ("sin", sin), ("positions", positions),
                                    ("axes", axes)) if isinstance(t, dtensor)]
-    if not isinstance(x, dtensor):
+    if not all(distributed):
         if tables:
+            these = ("x is a plain torch.Tensor; pass x as a DTensor" if len(names) == 1
+                     else "q and k are plain torch.Tensors; pass q and k as DTensors")
             raise TypeError(
                 f"{' and '.join(tables)} {'is a DTensor' if len(tables) == 1 else 'are DTensors'}"
-                " but x is a plain torch.Tensor; pass x as a DTensor too (e.g. "
-                "DTensor.from_local(x, mesh, placements)), or plain tables "
-                "(cos.full_tensor(), sin.full_tensor()) for a plain x")
+                f" but {these} too (e.g. DTensor.from_local(x, mesh, placements)), or plain "
+                "tables (cos.full_tensor(), sin.full_tensor())")
         return cos, sin, positions, axes
     register_sharding_rules()
-    if positions is not None and not isinstance(positions, dtensor):
-        _check_global_positions(x, positions, axes is not None)
-    mesh = x.device_mesh
-    return tuple(t if t is None or isinstance(t, dtensor) else _replicated(t, mesh, dtensor)
-                 for t in (cos, sin, positions, axes))
+    cos, sin, positions, axes = (t.full_tensor() if isinstance(t, dtensor) else t
+                                 for t in (cos, sin, positions, axes))
+    if positions is not None:
+        _check_global_positions(rotated[0], positions, axes is not None)
+    return cos, sin, positions, axes
 
 
-def _replicated(t: torch.Tensor, mesh, dtensor: type) -> torch.Tensor:
+def replicated_arguments(x: torch.Tensor, *tensors: torch.Tensor | None
+                         ) -> tuple[torch.Tensor | None, ...]:
+    """The second half of a DTensor call: the table rows, coordinates and axes that the
+    operator gets beside a DTensor x, as DTensors replicated on x's mesh (the same on
+    every rank, as ``RotaryEmbedding`` builds them); the operator's sharding rules then
+    take from them what each rank needs. Unchanged when x is not a DTensor."""
+    dtensor = dtensor_class()
+    if dtensor is None or not isinstance(x, dtensor):
+        return tensors
     from torch.distributed.tensor import Replicate
 
-    return dtensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    mesh = x.device_mesh
+    return tuple(t if t is None or isinstance(t, dtensor) else
+                 dtensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+                 for t in tensors)
 
 
 def _check_global_positions(x: torch.Tensor, positions: torch.Tensor, multi_axis: bool) -> None:
@@ -103,9 +126,11 @@ def _check_global_positions(x: torch.Tensor, positions: torch.Tensor, multi_axis
 
 
 def register_sharding_rules() -> None:
-    """Registers the sharding rules of ``ropelib::rotate`` and ``ropelib::rotate_out`` with
-    DTensor (``torch.distributed.tensor.experimental.register_sharding``); once per
-    process, later calls do nothing."""
+    """Registers the sharding rules of the rotation operators (``ropelib::rotate``,
+    ``ropelib::rotate_out`` and, where ``ropelib.kernels`` defines them, the q-and-k
+    operators ``ropelib::rotate_qk`` and ``ropelib::rotate_qk_out``) with DTensor
+    (``torch.distributed.tensor.experimental.register_sharding``); once per process, later
+    calls do nothing."""
     global _registered
     if _registered:
         return
@@ -113,8 +138,12 @@ def register_sharding_rules() -> None:
 
     from . import kernels  # noqa: F401  (defines the operators)
 
-    register_sharding(torch.ops.ropelib.rotate.default)(_rotate_strategies)
-    register_sharding(torch.ops.ropelib.rotate_out.default)(_rotate_out_strategies)
+    for name, rule in _RULES.items():
+        try:
+            op = getattr(torch.ops.ropelib, name).default
+        except AttributeError:  # an operator this version of ropelib.kernels lacks
+            continue
+        register_sharding(op)(rule)
     _registered = True
 
 
@@ -122,29 +151,45 @@ def _rotate_strategies(x, cos, sin, layout, rotary_dim, inverse=False, positions
                        axes=None) -> list[tuple[list, list]]:
     """The placements (output, inputs) under which ``ropelib::rotate`` runs on each rank's
     local tensors, one per placement x may have on a mesh dim (see the module's text)."""
-    return [([placement], inputs) for placement, inputs in
-            _placements(x, cos, positions, axes, [None, None, None])]
+    return [([placement], [placement] + inputs[:2] + [None] * 3 + inputs[2:])
+            for placement, inputs in _placements(x, cos, positions)]
 
 
 def _rotate_out_strategies(x, cos, sin, layout, rotary_dim, out, positions=None,
                            axes=None) -> list[tuple[list, list]]:
     """``ropelib::rotate_out``'s placements: ``out`` keeps the placement it has (DTensor
     would otherwise write into a redistributed copy), and x is brought to it."""
-    keep = set(out.placements)
-    return [([], inputs[:5] + [placement] + inputs[5:]) for placement, inputs in
-            _placements(x, cos, positions, axes, [None, None]) if placement in keep]
+    return [([], [placement] + inputs[:2] + [None, None, placement] + inputs[2:])
+            for placement, inputs in _placements(x, cos, positions)
+            if placement in out.placements]
 
 
-def _placements(x, table, positions, axes, scalars: list) -> list[tuple[object, list]]:
-    """(placement of x and the output, placements of the operator's arguments in order)
-    for every placement of x on one mesh dim that rotates locally; ``scalars``: the Nones
-    of the non-tensor arguments after sin (layout, rotary_dim[, inverse])."""
+def _rotate_qk_strategies(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
+                          axes=None) -> list[tuple[list, list]]:
+    """``ropelib::rotate_qk``: q, k and both results share each placement."""
+    return [([placement] * 2, [placement] * 2 + inputs[:2] + [None] * 3 + inputs[2:])
+            for placement, inputs in _placements(q, cos, positions)]
+
+
+def _rotate_qk_out_strategies(q, k, cos, sin, layout, rotary_dim, q_out, k_out,
+                              positions=None, axes=None) -> list[tuple[list, list]]:
+    """``ropelib::rotate_qk_out``: ``q_out`` and ``k_out`` keep their placement, as
+    ``out`` does for ``rotate_out``."""
+    return [([], [placement] * 2 + inputs[:2] + [None] * 2 + [placement] * 2 + inputs[2:])
+            for placement, inputs in _placements(q, cos, positions)
+            if placement in q_out.placements and placement in k_out.placements]
+
+
+_RULES = {"rotate": _rotate_strategies, "rotate_out": _rotate_out_strategies,
+          "rotate_qk": _rotate_qk_strategies, "rotate_qk_out": _rotate_qk_out_strategies}
+
+
+def _placements(x, table, positions) -> list[tuple[object, list]]:
+    """For every placement of x on one mesh dim under which the rotation runs locally: that
+    placement (also the result's) and the placements of (cos, sin, positions, axes),
+    None where an argument is None. Multi-axis positions (given only with axes) carry
+    x's dims; the full tables they index are replicated."""
     from torch.distributed.tensor import Partial, Replicate, Shard
-
-    def tail(placement_of) -> list:
-        """Placements of (positions, axes) for a shard of x's dim."""
-        return [None if positions is None else placement_of(positions),
-                None if axes is None else Replicate()]
 
     def aligned(spec, dim: int):
         """``spec``'s placement for x sharded over dim (<= seq), its dims aligned with x's
@@ -154,17 +199,16 @@ def _placements(x, table, positions, axes, scalars: list) -> list[tuple[object, 
             return Replicate()
         return Shard(local)
 
-    options = [(Replicate(), [Replicate()] * 3 + scalars + tail(lambda _: Replicate()))]
+    replicated = [Replicate()] * 2 + ([None, None] if positions is None else [Replicate()] * 2)
+    options = [(Replicate(), replicated)]
     for dim in range(x.ndim - 1):  # every dim but the channels
-        if positions is not None:  # multi-axis: full tables, rows read by coordinates
-            tables = [Replicate()] * 2
-            rows = tail(lambda p, d=dim: aligned(p, d) if p.ndim == x.ndim else Replicate())
+        if positions is None:
+            inputs = [aligned(table, dim)] * 2 + [None, None]
         else:
-            tables = [aligned(table, dim)] * 2
-            rows = tail(lambda _: Replicate())
-        options.append((Shard(dim), [Shard(dim)] + tables + scalars + rows))
+            rows = aligned(positions, dim) if positions.ndim == x.ndim else Replicate()
+            inputs = [Replicate()] * 2 + [rows, Replicate()]
+        options.append((Shard(dim), inputs))
     for placement in x.placements:
         if isinstance(placement, Partial) and placement.reduce_op in ("sum", "avg"):
-            options.append((placement, [placement] + [Replicate()] * 2 + scalars
-                            + tail(lambda _: Replicate())))
+            options.append((placement, replicated))
     return options

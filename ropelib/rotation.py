@@ -74,7 +74,7 @@ def apply_rope(
         A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
     if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
-        cos, sin, positions, axes = distributed.dtensor_arguments(x, cos, sin, positions, axes)
+        cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
@@ -89,6 +89,9 @@ def apply_rope(
     elif positions is not None or offset:
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
+    if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
+        cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin,
+                                                                       coordinates, axes)
     if _transformed():
         rotated = kernels.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)

@@ -96,7 +96,16 @@ def case_dtensor_over_batch() -> None:
 
 
 def case_dtensor_over_sequence_gets_its_rows() -> None:
+    """Also with the positions a DTensor sharded like x (the operator gets them whole)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
     check_dtensor_placement(2)
+    m = mesh()
+    x, pos = torch.randn(B, H, N, D, dtype=F64), torch.randint(0, 16, (N,))
+    y = apply_rope(distribute_tensor(x, m, [Shard(2)]), *tables(),
+                   positions=distribute_tensor(pos, m, [Shard(0)]))
+    assert y.placements == (Shard(2),)
+    torch.testing.assert_close(y.full_tensor(), rotated(x, pos, "interleaved"), **TOL)
 
 
 def case_dtensor_multi_axis_over_sequence() -> None:
@@ -113,6 +122,35 @@ def case_dtensor_multi_axis_over_sequence() -> None:
     angle = coords[:, axes].to(F64) * reference.thetas(D)
     assert y.placements == (Shard(2),)
     torch.testing.assert_close(y.full_tensor(), reference.rope_by_matrix(x, angle), **TOL)
+
+
+def case_operators_on_a_two_dim_mesh() -> None:
+    """The operators called directly (after ``register_sharding_rules``) on a (1, 2) mesh,
+    as tensor parallelism inside data parallelism lays it out: ``rotate`` keeps x's
+    placements; ``rotate_out`` writes into ``out`` where it lies, also when x has other
+    placements (x is moved, never out, whose local tensors are the result)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from ropelib import distributed
+
+    distributed.register_sharding_rules()
+    m = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    x = torch.randn(B, H, N, D, dtype=F64)
+    cos, sin = (distribute_tensor(t, m, [Replicate(), Replicate()]) for t in tables(N))
+    expected = rotated(x, torch.arange(N), "half")
+    placements = [Shard(0), Shard(1)]
+    y = torch.ops.ropelib.rotate.default(distribute_tensor(x, m, placements), cos, sin, "half", D)
+    assert y.placements == tuple(placements)
+    torch.testing.assert_close(y.full_tensor(), expected, **TOL)
+    for x_placements in (placements, [Replicate(), Shard(2)]):
+        out = distribute_tensor(torch.zeros(B, H, N, D, dtype=F64), m, placements)
+        local = out.to_local()
+        torch.ops.ropelib.rotate_out.default(distribute_tensor(x, m, x_placements), cos, sin,
+                                             "half", D, out)
+        assert out.placements == tuple(placements)
+        assert out.to_local().data_ptr() == local.data_ptr()
+        torch.testing.assert_close(local, expected.chunk(2, 1)[dist.get_rank()], **TOL)
 
 
 def case_dtensor_partial_stays_partial() -> None:
@@ -276,7 +314,7 @@ def check_fully_shard(meta: bool) -> None:
     x = torch.randn(4, N, 16, dtype=F64)
     mine = slice(2 * rank, 2 * rank + 2)
     optimizers = [torch.optim.AdamW(net.parameters(), lr=1e-2) for net in (model, reference_model)]
-    for step in range(2):
+    for _ in range(2):
         out, ref_out = model(x[mine]), reference_model(x)
         torch.testing.assert_close(out, ref_out[mine], rtol=0, atol=1e-12)
         out.square().mean().backward()

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-
 from distributed_cases import CASES
 
 WORLD_SIZE = 2
 TIMEOUT_S = 240
 SCRIPT = Path(__file__).resolve().parent / "distributed_cases.py"
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="this torch build has no torch.distributed with gloo")
 
 
@@ -69,7 +68,29 @@ def outcomes(tmp_path_factory) -> list[dict[str, str]]:
     return results
 
 
+@needs_gloo
 @pytest.mark.parametrize("case", list(CASES))
 def test_case_on_both_ranks(outcomes, case):
     for rank, result in enumerate(outcomes):
         assert result[case] == "ok", f"rank {rank}, case {case}:\n{result[case]}"
+
+
+def test_core_does_not_need_torch_distributed_tensor():
+    """``import ropelib`` leaves ``torch.distributed.tensor`` (about a second) unimported,
+    and apply_rope works where it cannot be imported at all, also with a table that is a
+    tensor subclass (a Parameter, which takes the DTensor check)."""
+    code = (
+        "import sys, torch\n"
+        "import ropelib\n"
+        "assert 'torch.distributed.tensor' not in sys.modules\n"
+        "sys.modules['torch.distributed.tensor'] = None  # any import of it now fails\n"
+        "cos, sin = ropelib.generate_rope_embeddings(4, 8)\n"
+        "x = torch.randn(2, 4, 8)\n"
+        "y = ropelib.apply_rope(x, torch.nn.Parameter(cos), sin)\n"
+        "assert torch.equal(y, ropelib.apply_rope(x, cos, sin))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPT.parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
