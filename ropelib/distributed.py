@@ -159,9 +159,9 @@ def _rotate_out_strategies(x, cos, sin, layout, rotary_dim, out, positions=None,
                            axes=None) -> list[tuple[list, list]]:
     """``ropelib::rotate_out``'s placements: ``out`` keeps the placement it has (DTensor
     would otherwise write into a redistributed copy), and x is brought to it."""
-    return [([], [placement] + inputs[:2] + [None, None, placement] + inputs[2:])
-            for placement, inputs in _placements(x, cos, positions)
-            if placement in out.placements]
+    return _in_place([([], [placement] + inputs[:2] + [None, None, placement] + inputs[2:])
+                      for placement, inputs in _placements(x, cos, positions)
+                      if placement in out.placements], "out", out)
 
 
 def _rotate_qk_strategies(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
@@ -175,9 +175,21 @@ def _rotate_qk_out_strategies(q, k, cos, sin, layout, rotary_dim, q_out, k_out,
                               positions=None, axes=None) -> list[tuple[list, list]]:
     """``ropelib::rotate_qk_out``: ``q_out`` and ``k_out`` keep their placement, as
     ``out`` does for ``rotate_out``."""
-    return [([], [placement] * 2 + inputs[:2] + [None] * 2 + [placement] * 2 + inputs[2:])
-            for placement, inputs in _placements(q, cos, positions)
-            if placement in q_out.placements and placement in k_out.placements]
+    return _in_place([([], [placement] * 2 + inputs[:2] + [None] * 2 + [placement] * 2
+                       + inputs[2:]) for placement, inputs in _placements(q, cos, positions)
+                      if placement in q_out.placements and placement in k_out.placements],
+                     "q_out and k_out", q_out)
+
+
+def _in_place(strategies: list, name: str, out) -> list:
+    """The strategies of an operator that writes into ``name``; a ValueError when none
+    keeps its placement (it is sharded over the channels, or q_out and k_out differ)."""
+    if not strategies:
+        raise ValueError(f"{name} must be replicated or sharded over a dim other than the "
+                         f"channels, both alike, for the rotation to write into each rank's "
+                         f"shard; got placements {out.placements}. Pass a destination laid "
+                         "out like x, or none")
+    return strategies
 
 
 _RULES = {"rotate": _rotate_strategies, "rotate_out": _rotate_out_strategies,

@@ -131,6 +131,18 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
     at 0 in each document (``positions_from_cu_seqlens``); the split is the same, over the
     packed sequence, whatever the document boundaries.
 
+    With ``torch.distributed.tensor.experimental.context_parallel``, which shards its
+    ``buffers`` along their sequence dims in the head-tail layout (contiguous when its
+    load balancing is off)::
+
+        with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):
+            pos = positions_for_context_parallel(seq_len, mesh.size(), mesh.get_local_rank())
+            out = attention(hidden, hidden, hidden, is_causal=True, positions=pos)
+
+    Equivalently, ``torch.arange(seq_len)[None]`` among the buffers (sequence dim 1)
+    becomes these positions, and tables of ``seq_len`` rows (sequence dim 0) become this
+    rank's rows, to pass without positions.
+
     Args:
         seq_len: N, the length of the whole sequence (all ranks together).
         world_size: R, the ranks the sequence is split over (the context-parallel mesh's

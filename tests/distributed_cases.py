@@ -166,8 +166,8 @@ def case_dtensor_partial_stays_partial() -> None:
 
 
 def case_dtensor_refusals() -> None:
-    """Local positions with a sequence-sharded x, and DTensor tables with a plain x, are
-    refused with messages that say what to pass."""
+    """Local positions with a sequence-sharded x, a destination sharded over the channels,
+    DTensor tables with a plain x: refused with messages that say what to pass."""
     import pytest
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -178,6 +178,13 @@ def case_dtensor_refusals() -> None:
                        r"shard of x, but x is a DTensor whose global sequence has 8 .*pass the "
                        r"positions of the whole sequence \(shape \(\.\.\., 8\)\)"):
         apply_rope(distribute_tensor(x, m, [Shard(2)]), cos, sin, positions=torch.arange(4))
+    # DTensor wraps the rule's ValueError in a RuntimeError that adds the operator's specs
+    with pytest.raises(RuntimeError, match=r"out must be replicated or sharded over a dim "
+                       r"other than the channels.*got placements \(Shard\(dim=3\),\)"
+                       ) as refused, torch.no_grad():
+        apply_rope(distribute_tensor(x, m, [Shard(1)]), cos, sin,
+                   out=distribute_tensor(torch.zeros_like(x), m, [Shard(3)]))
+    assert isinstance(refused.value.__cause__, ValueError)
     with pytest.raises(TypeError, match=r"cos and sin are DTensors but x is a plain "
                        r"torch.Tensor; pass x as a DTensor too"):
         apply_rope(x, distribute_tensor(cos, m, [Replicate()]),
