@@ -1,5 +1,6 @@
-"""RoPE on DTensors: sharding rules for the operators ``ropelib::rotate`` and
-``ropelib::rotate_out``.
+"""RoPE on DTensors: sharding rules for the rotation operators ``ropelib::rotate`` and
+``ropelib::rotate_out`` (and the q-and-k operators ``ropelib::rotate_qk`` and
+``ropelib::rotate_qk_out`` where ``ropelib.kernels`` defines them).
 
 A rotation works on each token's channel pairs with that token's rows of cos and sin, so
 it splits over every dim but the channels:
@@ -26,10 +27,9 @@ then gives the operator the rows as DTensors replicated on x's mesh. So plain ta
 ``RotaryEmbedding`` builds them. Whoever calls the operators on DTensors without
 ``apply_rope`` calls ``register_sharding_rules()`` once first.
 
-Only ``torch.Tensor`` arguments take part: under FSDP2 (``fully_shard``) the parameters are
-gathered into plain tensors before the forward, so the rotation sees plain q and k and
-needs none of this; the rotary tables of ``RotaryEmbedding`` are buffers, which
-``fully_shard`` leaves alone on each rank.
+FSDP2 (``fully_shard``) needs none of this: it gathers the parameters into plain tensors
+before each forward, so the rotation sees plain q and k, and the rotary tables of
+``RotaryEmbedding`` are buffers, which it leaves whole on each rank.
 """
 
 from __future__ import annotations
