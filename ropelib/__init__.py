@@ -21,6 +21,7 @@ from .multiaxis import RoPEMixed, axis_frequencies, axis_tables, mrope_positions
 from .native import native_status
 from .positions import (
     positions_after_cache,
+    positions_for_context_parallel,
     positions_from_cu_seqlens,
     positions_from_padding_mask,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "mrope_positions",
     "native_status",
     "positions_after_cache",
+    "positions_for_context_parallel",
     "positions_from_cu_seqlens",
     "positions_from_padding_mask",
     "rope_frequencies",

@@ -12,6 +12,8 @@ RoPE rotates each token by its position, and a batch rarely holds one plain sequ
 - **Packed documents** (``cu_seqlens`` of FlashAttention's variable-length kernels, or
   Hugging Face's ``DataCollatorWithFlattening``): several documents concatenated into one
   row; positions restart at 0 at the start of each document.
+- **Context parallelism**: the sequence is split over ranks, each rank holds some of its
+  tokens and must turn them by their positions in the whole sequence.
 
 Every helper returns int64 positions on the device of its input.
 """
@@ -106,3 +108,80 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
                          f"lengths), got {cu.tolist()}")
     starts = cu[:-1].repeat_interleave(lengths)
     return torch.arange(int(cu[-1]), device=cu.device) - starts
+
+
+def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
+                                   load_balance: bool = True,
+                                   cu_seqlens: torch.Tensor | None = None,
+                                   device: torch.device | str | None = None) -> torch.Tensor:
+    """The global positions of the tokens one rank holds when a sequence is split over
+    ``world_size`` ranks for context parallelism, in the order of the rank's tokens.
+
+    RoPE is relative: a rank that rotated its shard by local positions 0, 1, ... would get
+    every score within the shard right and every score between shards wrong, silently.
+
+    - ``load_balance=False``: rank r holds the r-th of R contiguous chunks,
+      ``r N / R .. (r + 1) N / R - 1``.
+    - ``load_balance=True`` (the layout of PyTorch's ``context_parallel`` and torchtitan,
+      for causal attention): the sequence is cut into 2R chunks and rank r holds chunks r
+      and 2R - 1 - r, so every rank gets one early and one late chunk and the same share of
+      the causal mask's work.
+
+    With ``cu_seqlens`` the sequence is documents packed end to end and positions restart
+    at 0 in each document (``positions_from_cu_seqlens``); the split is the same, over the
+    packed sequence, whatever the document boundaries.
+
+    With ``torch.distributed.tensor.experimental.context_parallel``, which shards its
+    ``buffers`` along their sequence dims in the head-tail layout (contiguous when its
+    load balancing is off)::
+
+        with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):
+            pos = positions_for_context_parallel(seq_len, mesh.size(), mesh.get_local_rank())
+            out = attention(hidden, hidden, hidden, is_causal=True, positions=pos)
+
+    Equivalently, ``torch.arange(seq_len)[None]`` among the buffers (sequence dim 1)
+    becomes these positions, and tables of ``seq_len`` rows (sequence dim 0) become this
+    rank's rows, to pass without positions.
+
+    Args:
+        seq_len: N, the length of the whole sequence (all ranks together).
+        world_size: R, the ranks the sequence is split over (the context-parallel mesh's
+            size).
+        rank: r in ``[0, R)``, this rank's place in that mesh.
+        load_balance: the head-tail layout above (default) or contiguous chunks.
+        cu_seqlens: ``(documents + 1,)`` cumulative document lengths ending at N.
+        device: where the result goes (default: ``cu_seqlens``'s device, else the CPU).
+
+    Returns:
+        ``(N / R,)`` int64 positions, to pass as ``positions=`` to ``apply_rope``,
+        ``RotaryEmbedding`` or ``StandardAttentionWithRoPE`` with this rank's q and k.
+
+    Raises:
+        ValueError: N not a multiple of 2R (load-balanced) or of R (contiguous): then the
+            split is uneven, and PyTorch's ``context_parallel`` silently falls back to
+            contiguous chunks when N is not a multiple of 2R.
+    """
+    n = check_count("seq_len", seq_len, zero=True)
+    size = check_count("world_size", world_size)
+    index = as_int(rank)
+    if index is None or not 0 <= index < size:
+        raise ValueError(f"rank must be an int in [0, {size}) (world_size={size}), got {rank!r}")
+    chunks = 2 * size if load_balance else size
+    if n % chunks:
+        layout = (f"2 * world_size = {chunks} equal chunks (load-balanced: rank r holds "
+                  f"chunks r and {chunks - 1} - r)" if load_balance
+                  else f"world_size = {chunks} equal chunks")
+        raise ValueError(f"seq_len={n} does not split into {layout}; pad the sequence to a "
+                         f"multiple of {chunks}, e.g. {n + chunks - n % chunks}"
+                         + (", or pass load_balance=False (contiguous chunks)"
+                            if load_balance and n % size == 0 else ""))
+    if cu_seqlens is not None:
+        within = positions_from_cu_seqlens(cu_seqlens)
+        if within.shape[0] != n:
+            raise ValueError(f"cu_seqlens must end at seq_len={n} (the packed documents "
+                             f"fill the sequence), got cu_seqlens[-1]={within.shape[0]}")
+        device = within.device if device is None else device
+    chunk = n // chunks
+    starts = [index * chunk] + ([(chunks - 1 - index) * chunk] if load_balance else [])
+    tokens = torch.cat([torch.arange(s, s + chunk, device=device) for s in starts])
+    return tokens if cu_seqlens is None else within.to(device)[tokens]

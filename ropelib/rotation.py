@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch.autograd import forward_ad
 
-from . import eager, kernels
+from . import distributed, eager, kernels
 from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
 
 Layout = Literal["interleaved", "half"]
@@ -73,10 +73,15 @@ def apply_rope(
     Returns:
         A new tensor with the shape and dtype of x (contiguous), or ``out``.
     """
+    if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
+        cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
     cos, sin, coordinates, axes = _rows(x, cos, sin, positions, offset, rd, short_table, axes)
+    if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
+        cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
+                                                                       axes)
     if _transformed():
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
@@ -112,6 +117,8 @@ def apply_rope_qk(
     """
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
+    if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
+        cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
     rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table)
     check_float_tensor("k", k)
     if (k.ndim != q.ndim or q.ndim < 3 or k.shape[:-3] != q.shape[:-3]
@@ -133,6 +140,9 @@ def apply_rope_qk(
         _check_out(out[0], q, cos, sin)
         _check_out(out[1], k, cos, sin)
     cos, sin, coordinates, axes = _rows(q, cos, sin, positions, offset, rd, short_table, axes)
+    if type(q) is not torch.Tensor:
+        cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
+                                                                       axes)
     if _transformed():
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in (q, k)]
