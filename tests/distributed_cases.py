@@ -25,6 +25,7 @@ import reference  # noqa: E402
 from ropelib import (  # noqa: E402
     StandardAttentionWithRoPE,
     apply_rope,
+    apply_rope_qk,
     generate_rope_embeddings,
     positions_for_context_parallel,
     positions_from_cu_seqlens,
@@ -93,6 +94,23 @@ def case_dtensor_over_heads() -> None:
 
 def case_dtensor_over_batch() -> None:
     check_dtensor_placement(0)
+
+
+def case_dtensor_query_and_key_together() -> None:
+    """apply_rope_qk on q (4 heads) and k (2 heads) sharded alike over the batch, the heads
+    or the sequence, at per-batch positions: each result keeps the placement and each
+    rank's shard is its slice of the float64 rotation."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    m = mesh()
+    q, k = torch.randn(B, H, N, D, dtype=F64), torch.randn(B, H // 2, N, D, dtype=F64)
+    pos = torch.randint(0, 16, (B, N))
+    for dim in (0, 1, 2):
+        qd, kd = (distribute_tensor(t, m, [Shard(dim)]) for t in (q, k))
+        q_rot, k_rot = apply_rope_qk(qd, kd, *tables(), layout="half", positions=pos)
+        for result, t in ((q_rot, q), (k_rot, k)):
+            assert result.placements == (Shard(dim),), (result.placements, dim)
+            torch.testing.assert_close(result.full_tensor(), rotated(t, pos, "half"), **TOL)
 
 
 def case_dtensor_over_sequence_gets_its_rows() -> None:
