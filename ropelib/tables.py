@@ -17,6 +17,7 @@ from torch import nn
 from ._checks import check_count, check_even_positive, check_int_tensor, tracing
 from .multiaxis import axis_rows, axis_tables, check_axis_positions, check_frequencies
 from .scaling import (
+    FrequencySchedule,
     depends_on_length,
     layer_parameters,
     rope_base,
@@ -38,7 +39,7 @@ def rope_frequencies(
     ``partial_rotary_factor`` in ``scaling`` the shape is ``(rotated_dim(dim, scaling) // 2,)``
     (see ``ropelib.scaling``). ``seq_len`` is the current length, used by ``"dynamic"`` and
     ``"longrope"``; ``max_position_embeddings`` only by a ``"longrope"`` config without
-    ``factor``.
+    ``factor`` and a ``"dynamic"`` one without ``original_max_position_embeddings``.
     """
     inv_freq, _ = scaled_frequencies(dim, base, scaling, seq_len=seq_len,
                                      max_position_embeddings=max_position_embeddings)
@@ -79,7 +80,8 @@ def generate_rope_embeddings(
             (``seq_len``, or the largest position + 1) picks dynamic NTK's frequencies and
             LongRoPE's short or long factors.
         dtype: float32 (default) or float64.
-        max_position_embeddings: only for a ``"longrope"`` config without ``factor``.
+        max_position_embeddings: only for a ``"longrope"`` config without ``factor`` and a
+            ``"dynamic"`` one without ``original_max_position_embeddings`` (as transformers).
 
     Returns:
         ``(cos, sin)``, each ``(seq_len, rotated_dim // 2)``: ``head_dim // 2`` columns
@@ -144,7 +146,9 @@ class RotaryEmbedding(nn.Module):
         scaling: optional rope config (``rope_scaling`` or transformers-5 ``rope_parameters``),
             or one per layer type with ``layer_type``.
         max_position_embeddings: initial cache length (default 2048); a ``"longrope"`` config
-            without ``factor`` takes factor = max_position_embeddings / L0, as transformers does.
+            without ``factor`` takes factor = max_position_embeddings / L0, and a ``"dynamic"``
+            one without ``original_max_position_embeddings`` takes L0 =
+            max_position_embeddings, as transformers does.
         device: device of the buffers.
         layer_type: the key of ``scaling`` to use when it holds one config per layer type
             (e.g. ``"full_attention"``).
@@ -183,6 +187,9 @@ class RotaryEmbedding(nn.Module):
         self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
         self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
+        # every check on the config's numbers runs here, never in a compiled graph
+        self._schedule = None if self.frequencies is not None else FrequencySchedule(
+            dim, self.base, scaling, max_position_embeddings=max_position_embeddings)
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
                                                                    dtype=torch.float32),
                              persistent=False)
@@ -208,8 +215,7 @@ class RotaryEmbedding(nn.Module):
         sum_a W[i, a] for multi-axis frequencies."""
         if self.frequencies is not None:
             return self.frequencies.sum(1), 1.0
-        return scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len,
-                                  max_position_embeddings=self.max_position_embeddings)
+        return self._schedule(freq_len)
 
     def _build(self, length: int, freq_len: int | None = None,
                device: torch.device | None = None) -> None:
@@ -248,7 +254,7 @@ class RotaryEmbedding(nn.Module):
             if length > self.cached_len:
                 self._build(max(length, 2 * self.cached_len))
             return
-        original = self.scaling["original_max_position_embeddings"]
+        original = self._schedule.trained_length
         if rope_type(self.scaling) == "longrope":  # the long factors above the trained length
             long = length > original
             if long != (self._scaled_for is not None):
