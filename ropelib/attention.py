@@ -273,6 +273,8 @@ class StandardAttentionWithRoPE(nn.Module):
         frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``
             frequency matrix, e.g. ``axis_frequencies(128, [16, 24, 24])`` for Qwen2-VL's
             M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``.
+            A ``scaling`` config with ``mrope_section`` (Qwen2-VL / Qwen3-VL
+            ``rope_parameters`` as they are, also with YaRN or linear scaling) does the same.
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 

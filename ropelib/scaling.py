@@ -40,6 +40,10 @@ every other type, only the first int(p d) channels are rotated, with the spectru
 int(p d)-channel head (GPT-NeoX's ``rotary_dim``: base^(-2i/(p d)) over those channels). Models
 with different RoPE per layer type (Gemma 3/4, gpt-oss) hold one such dict per layer type,
 ``{"sliding_attention": {...}, "full_attention": {...}}``: ``layer_parameters`` picks one.
+Vision-language models (Qwen2-VL, Qwen3-VL) add ``mrope_section`` (pairs per axis t, h, w)
+and ``mrope_interleaved`` to any of these types: the pairs of the (scaled) spectrum are dealt
+out to the axes (``axis_sections``), and ``RotaryEmbedding`` builds the frequency matrix of
+``ropelib.multiaxis`` from them.
 
 All arithmetic is float64 on the CPU; callers cast and move the result.
 """
@@ -57,6 +61,7 @@ from ._checks import as_int, check_base, check_count, check_even_positive
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_BASE = 10000.0
 _EVERY_TYPE = ("rope_theta", "partial_rotary_factor")
+_MULTI_AXIS = ("mrope_section", "mrope_interleaved")  # Qwen2-VL / Qwen3-VL M-RoPE
 
 _REQUIRED = {
     "default": (),
@@ -158,7 +163,7 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     missing = [k for k in _REQUIRED[kind] if k not in params]
     if missing:
         raise ValueError(f"scaling of rope_type {kind!r} needs the key(s) {missing}; got {dict(config)}")
-    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind]) | set(_EVERY_TYPE)
+    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind]) | set(_EVERY_TYPE) | set(_MULTI_AXIS)
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(f"scaling of rope_type {kind!r} does not accept the key(s) {unknown}; "
@@ -171,6 +176,15 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if fraction is not None and not (_is_finite_number(fraction) and 0.0 < fraction <= 1.0):
         raise ValueError("scaling['partial_rotary_factor'] must be a number p with 0 < p <= 1 "
                          f"(the fraction of the head that rotates), got {fraction!r}")
+    sections = params.get("mrope_section")
+    if sections is not None and (
+            isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence)
+            or not sections or any(as_int(n) is None or as_int(n) < 1 for n in sections)):
+        raise ValueError("scaling['mrope_section'] must be a list of positive ints, the pairs of "
+                         f"each axis (t, h, w), e.g. [16, 24, 24], got {sections!r}")
+    if not isinstance(params.get("mrope_interleaved", False), bool):
+        raise ValueError("scaling['mrope_interleaved'] must be a bool (True: Qwen3-VL's "
+                         f"interleaved M-RoPE), got {params['mrope_interleaved']!r}")
     original = params.get("original_max_position_embeddings")
     if original is not None:
         check_count("scaling['original_max_position_embeddings']", original)
@@ -205,6 +219,19 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
                     raise ValueError(f"scaling['{key}'][{i}] must be a finite number > 0 (the "
                                      f"stretch factor of pair {i}), got {value!r}")
     return kind, params
+
+
+def axis_sections(config: Mapping | None) -> tuple[tuple[int, ...], str] | None:
+    """The M-RoPE of a config that carries ``mrope_section`` (Qwen2-VL, Qwen3-VL): its pairs
+    per axis and their order, ``"interleaved"`` with ``mrope_interleaved: True`` (Qwen3-VL)
+    and ``"chunked"`` otherwise (Qwen2-VL, Qwen2.5-VL); None for a 1D config.
+    transformers decides the order by the model class and ignores ``mrope_interleaved``; the
+    Qwen3-VL configs carry it, and a config without it is read as Qwen2-VL's."""
+    _, params = _validated(config)
+    if params.get("mrope_section") is None:
+        return None
+    order = "interleaved" if params.get("mrope_interleaved", False) else "chunked"
+    return tuple(as_int(n) for n in params["mrope_section"]), order
 
 
 def rope_base(base: float | None, config: Mapping | None = None) -> float:

@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 
-from ropelib import StandardAttentionWithRoPE
+from ropelib import StandardAttentionWithRoPE, mrope_positions
 
 D, H = 32, 4
 TOL = {"rtol": 2e-5, "atol": 2e-5}
@@ -36,7 +36,12 @@ LAYERS = {
         {"scaling": {"rope_type": "dynamic", "factor": f}, "max_position_embeddings": 8}
         for f in (2.0, 3.0)],
     "bases 1e4 and 5e5": [{"base": 1e4}, {"base": 5e5}],
+    # Qwen2-VL's M-RoPE with YaRN (attention factors 1.14 and 1.21), at image positions
+    "qwen2-vl yarn factors 4 and 8": [
+        {"scaling": {"rope_type": "yarn", "factor": f, "original_max_position_embeddings": 8,
+                     "mrope_section": [2, 1, 1]}} for f in (4.0, 8.0)],
 }
+IMAGE = mrope_positions([2, (1, 2, 4), 2])  # 12 tokens
 
 
 def layer(**kw) -> StandardAttentionWithRoPE:
@@ -52,12 +57,13 @@ def test_each_layer_compiled_on_its_own_equals_eager(case):
     compiled = [torch.compile(copy.deepcopy(m), fullgraph=True, backend="aot_eager")
                 for m in eager]
     x = torch.randn(2, 12, D)
+    kw = {"positions": IMAGE} if eager[0].rotary.num_axes > 1 else {}
     with torch.no_grad():
         for _ in range(2):  # the second pass runs the graphs already built
             h_eager, h_compiled = x, x
             for e, c in zip(eager, compiled, strict=True):
-                h_eager = e(h_eager, h_eager, h_eager, is_causal=True)
-                h_compiled = c(h_compiled, h_compiled, h_compiled, is_causal=True)
+                h_eager = e(h_eager, h_eager, h_eager, is_causal=True, **kw)
+                h_compiled = c(h_compiled, h_compiled, h_compiled, is_causal=True, **kw)
                 torch.testing.assert_close(h_compiled, h_eager, **TOL)
     # the layers' RoPE really differs: the same weights and input give different outputs
-    assert not torch.allclose(eager[0](x, x, x), eager[1](x, x, x), **TOL)
+    assert not torch.allclose(eager[0](x, x, x, **kw), eager[1](x, x, x, **kw), **TOL)
