@@ -105,6 +105,20 @@ def test_nbclient_cells_complete_after_lost_replies(fast_probe):
         run_lossy(NotebookClient, notebook("x = 1"), timeout=2)
 
 
+def test_a_cell_running_past_the_probe_is_not_taken_for_a_lost_reply(
+        fast_probe, capfd):
+    """The probe goes out while the cell still runs: its reply queues behind
+    the cell's, which comes first, so nothing is reported lost."""
+    client_class = kernel_watchdog.watchdog_client(NotebookClient)
+    nb = notebook("import time; time.sleep(2); print('slept')", "print(1)")
+    client = client_class(nb, timeout=TIMEOUT, kernel_name="python3")
+    with client.setup_kernel():
+        for index, cell in enumerate(nb.cells):
+            client.execute_cell(cell, index)
+    assert [c.outputs[0]["text"] for c in nb.cells] == ["slept\n", "1\n"]
+    assert "was lost" not in capfd.readouterr().err
+
+
 def test_nbclient_error_is_still_an_error_after_a_lost_reply(fast_probe):
     client_class = kernel_watchdog.watchdog_client(NotebookClient)
     with pytest.raises(CellExecutionError, match="lost but loud") as error:
