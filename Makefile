@@ -16,8 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP)
 
 book: venv
-	rm -rf _build/html _build/.jupyter_cache _build/jupyter_execute
-	timeout 1800 $(BIN)/jupyter-book build . -W -n --keep-going
+	bash scripts/build_book.sh $(BIN)
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
 lint: venv

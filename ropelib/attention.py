@@ -44,6 +44,16 @@ class KVCache:
     autograd records (keys that require grad, with grad enabled) an update concatenates
     instead: a write into the buffer would invalidate the views saved for the backward.
 
+    Beam search: ``reorder(beam_idx)`` keeps the rows ``beam_idx`` (in that order, a row
+    more than once to expand a batch into beams), keys, values, positions and next positions
+    together, as Hugging Face's ``reorder_cache``.
+
+    Multi-axis RoPE (a module built with ``frequencies=``): after a prefill with positions
+    (Qwen2-VL's (t, h, w)), the next token's position is not the cache length but each row's
+    largest coordinate + 1 (Qwen2-VL's rule, Hugging Face's ``rope_deltas``). The module
+    records it per row (``next_position``), and decoding without ``positions`` continues
+    from there, on the diagonal.
+
     Args:
         capacity: positions to reserve at the first update (default: that update's length).
             Reserve the longest sequence you will decode and the buffers never grow.
@@ -58,6 +68,14 @@ class KVCache:
         self._position_buffer: torch.Tensor | None = None
         self._inference = False  # whether eager code made the buffers in inference mode
         self._length = 0
+        self._next_position: torch.Tensor | None = None
+
+    @property
+    def next_position(self) -> torch.Tensor | None:
+        """Each row's next position ``(batch,)`` int64, recorded by a multi-axis module (its
+        largest coordinate so far + 1, on every axis); None otherwise (the next position is
+        then ``length``)."""
+        return self._next_position
 
     @property
     def length(self) -> int:
@@ -158,13 +176,22 @@ class KVCache:
         self._set(buffers)
 
     def update(self, key: torch.Tensor, value: torch.Tensor, *,
-               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: torch.Tensor | None = None,
+               next_position: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache,
         ``(batch, kv_heads, length, head_dim)`` each (views of the buffers).
 
         ``positions``: the new keys' positions ``(new,)`` or ``(batch, new)``, kept beside
-        them (see ``positions``); give them with every update of a cache or with none."""
+        them (see ``positions``); give them with every update of a cache or with none.
+        ``next_position``: each row's next position after this update, ``(batch,)`` integer
+        (see ``next_position``); kept until an update gives another."""
         new = (key, value, self._check(key, value, positions))
+        if next_position is not None:
+            next_position = check_int_tensor("next_position", next_position)
+            if next_position.shape != key.shape[:1]:
+                raise ValueError(f"next_position must have shape (batch,) = ({key.shape[0]},), "
+                                 f"got {tuple(next_position.shape)}")
+            self._next_position = next_position.to(key.device)
         start, end = self._length, self._length + key.shape[-2]
         tensors = (key, value, self._key_buffer, self._value_buffer)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
@@ -178,11 +205,47 @@ class KVCache:
         self._length = end
         return self.key, self.value
 
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Keep the rows ``beam_idx`` ``(new_batch,)`` of the cache, in that order: row r of
+        the new cache is row ``beam_idx[r]`` of the old one, keys, values, positions and next
+        positions alike (Hugging Face's ``reorder_cache`` for beam search). A row may be
+        taken several times (expanding a batch into beams) or not at all. The buffers keep
+        their capacity; views returned earlier keep the old rows."""
+        if self._key_buffer is None:
+            raise ValueError("reorder needs a cache holding keys; this one is empty (reorder "
+                             "after the first update)")
+        beam_idx = check_int_tensor("beam_idx", beam_idx)
+        batch = self._key_buffer.shape[0]
+        if beam_idx.ndim != 1 or beam_idx.numel() == 0:
+            raise ValueError(f"beam_idx must have shape (new_batch,) with new_batch >= 1, got "
+                             f"{tuple(beam_idx.shape)}")
+        if not tracing():
+            low, high = (int(v) for v in torch.aminmax(beam_idx))
+            if low < 0 or high >= batch:
+                raise ValueError(f"beam_idx must hold rows of the cache, in [0, {batch}), got "
+                                 f"values in [{low}, {high}]")
+        index = beam_idx.to(self._key_buffer.device)
+        buffers = []
+        for buffer in (self._key_buffer, self._value_buffer, self._position_buffer):
+            if buffer is None:
+                continue
+            rows = buffer[..., :self._length, :].index_select(0, index)
+            fresh = rows.new_empty((index.shape[0],) + tuple(buffer.shape[1:]))
+            if rows.requires_grad and torch.is_grad_enabled():
+                fresh = rows  # autograd records: no writes into a buffer (see update)
+            else:
+                fresh[..., :self._length, :].copy_(rows)
+            buffers.append(fresh)
+        self._set(buffers)
+        if self._next_position is not None:
+            self._next_position = self._next_position.index_select(0, index)
+
     def reset(self) -> None:
         """Forget the cached positions and drop the buffers (views returned earlier stay valid)."""
         self._key_buffer = self._value_buffer = self._position_buffer = None
         self._inference = False
         self._length = 0
+        self._next_position = None
 
 
 class StandardAttentionWithRoPE(nn.Module):
@@ -210,6 +273,8 @@ class StandardAttentionWithRoPE(nn.Module):
         frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``
             frequency matrix, e.g. ``axis_frequencies(128, [16, 24, 24])`` for Qwen2-VL's
             M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``.
+            A ``scaling`` config with ``mrope_section`` (Qwen2-VL / Qwen3-VL
+            ``rope_parameters`` as they are, also with YaRN or linear scaling) does the same.
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -395,7 +460,9 @@ class StandardAttentionWithRoPE(nn.Module):
             is_causal: causal mask, lower-right aligned when Nq < Nk.
             positions: query positions ``(Nq,)`` or ``(B, Nq)``; default offset + 0..Nq-1.
                 With multi-axis ``frequencies``: ``(Nq, k)`` or ``(B, Nq, k)``, default the
-                diagonal (offset + 0..Nq-1 on every axis: text).
+                diagonal (offset + 0..Nq-1 on every axis: text); with a ``KVCache`` and no
+                ``offset``, the diagonal from each row's ``kv_cache.next_position`` (its
+                largest coordinate so far + 1, as Qwen2-VL decodes after an image).
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).
@@ -410,6 +477,12 @@ class StandardAttentionWithRoPE(nn.Module):
             that may attend to nothing gets zeros (no NaN).
         """
         self._check_inputs(query, key, value)
+        # a multi-axis module records each row's next position in a KVCache
+        axes = (rope_embeddings is None and self.rotary is not None and self.rotary.num_axes > 1
+                and hasattr(kv_cache, "next_position"))
+        if axes and offset is None and positions is None and kv_cache.next_position is not None:
+            # continue each row's sequence
+            positions = self._diagonal(kv_cache.next_position, query.shape[1])
         if offset is None:
             offset = kv_cache.length if kv_cache is not None else 0
         q = self._split_heads(self.q_proj(query), self.num_heads)
@@ -420,7 +493,11 @@ class StandardAttentionWithRoPE(nn.Module):
         if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
             key_positions = positions
         end = offset + max(q.shape[-2], k.shape[-2])
-        if kv_cache is not None and self._caches_unrotated(kv_cache, rope_embeddings):
+        if axes:
+            q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset, end)
+            k, v = kv_cache.update(k, v, next_position=self._next_position(
+                kv_cache, key_positions, offset, k))
+        elif kv_cache is not None and self._caches_unrotated(kv_cache, rope_embeddings):
             if key_positions is None:
                 key_positions = torch.arange(offset, offset + k.shape[-2], device=k.device)
             k, v = kv_cache.update(k, v, positions=key_positions)
@@ -447,6 +524,28 @@ class StandardAttentionWithRoPE(nn.Module):
             out = out.masked_fill(empty, 0.0)
         out = self._merge(out)
         return (out, weights) if return_attn else out
+
+    def _diagonal(self, start: torch.Tensor, seq: int) -> torch.Tensor:
+        """Multi-axis positions ``(batch, seq, k)``: row b at ``start[b] + 0 .. seq - 1`` on
+        every axis (text after what the cache holds)."""
+        steps = torch.arange(seq, device=start.device)
+        return (start[:, None] + steps)[..., None].expand(-1, -1, self.rotary.num_axes)
+
+    @staticmethod
+    def _next_position(kv_cache: KVCache, key_positions: torch.Tensor | None, offset: int,
+                       k: torch.Tensor) -> torch.Tensor:
+        """Each row's next position ``(batch,)`` after caching keys ``k`` at multi-axis
+        ``key_positions`` ``(Nk, k)`` / ``(B, Nk, k)`` (None: the diagonal from ``offset``):
+        the largest coordinate so far + 1 (Qwen2-VL's rule)."""
+        batch, seq = k.shape[0], k.shape[-2]
+        if key_positions is None:
+            following = torch.full((batch,), offset + seq, dtype=torch.int64, device=k.device)
+        elif key_positions.numel() == 0:
+            following = torch.zeros(batch, dtype=torch.int64, device=k.device)
+        else:
+            following = key_positions.to(k.device).flatten(-2).amax(-1).expand(batch) + 1
+        previous = kv_cache.next_position
+        return following if previous is None else torch.maximum(previous, following)
 
     def _caches_unrotated(self, kv_cache: KVCache, rope_embeddings) -> bool:
         """Whether keys go into ``kv_cache`` unrotated, with their positions, to be rotated

@@ -14,7 +14,9 @@ Supported ``rope_type`` values:
   frequency by exactly s and leaves the highest one unchanged.
 - ``"dynamic"``: NTK with the factor recomputed from the current length L when L exceeds the
   trained length L0: base' = base * (s L / L0 - (s - 1))^(d / (d - 2)); original
-  frequencies for L <= L0.
+  frequencies for L <= L0. L0 is ``original_max_position_embeddings``, or, when the config
+  has none (as transformers 5 stores it), the model's ``max_position_embeddings``, as
+  transformers takes it.
 - ``"yarn"``: YaRN (Peng et al. 2023): interpolate the frequencies that turn fewer than
   beta_slow times over L0, keep those that turn more than beta_fast times, ramp linearly in
   between, and scale the attention logits by (0.1 ln s + 1)^2 (the factor multiplies cos and
@@ -38,6 +40,10 @@ every other type, only the first int(p d) channels are rotated, with the spectru
 int(p d)-channel head (GPT-NeoX's ``rotary_dim``: base^(-2i/(p d)) over those channels). Models
 with different RoPE per layer type (Gemma 3/4, gpt-oss) hold one such dict per layer type,
 ``{"sliding_attention": {...}, "full_attention": {...}}``: ``layer_parameters`` picks one.
+Vision-language models (Qwen2-VL, Qwen3-VL) add ``mrope_section`` (pairs per axis t, h, w)
+and ``mrope_interleaved`` to any of these types: the pairs of the (scaled) spectrum are dealt
+out to the axes (``axis_sections``), and ``RotaryEmbedding`` builds the frequency matrix of
+``ropelib.multiaxis`` from them.
 
 All arithmetic is float64 on the CPU; callers cast and move the result.
 """
@@ -50,17 +56,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ._checks import check_base, check_count, check_even_positive
+from ._checks import as_int, check_base, check_count, check_even_positive
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_BASE = 10000.0
 _EVERY_TYPE = ("rope_theta", "partial_rotary_factor")
+_MULTI_AXIS = ("mrope_section", "mrope_interleaved")  # Qwen2-VL / Qwen3-VL M-RoPE
 
 _REQUIRED = {
     "default": (),
     "linear": ("factor",),
     "ntk": ("factor",),
-    "dynamic": ("factor", "original_max_position_embeddings"),
+    "dynamic": ("factor",),
     "yarn": ("factor", "original_max_position_embeddings"),
     "llama3": ("factor", "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
@@ -70,7 +77,7 @@ _OPTIONAL = {
     "default": ("factor", "original_max_position_embeddings"),
     "linear": ("original_max_position_embeddings",),
     "ntk": ("original_max_position_embeddings",),
-    "dynamic": (),
+    "dynamic": ("original_max_position_embeddings",),
     "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
     "llama3": ("low_freq_factor", "high_freq_factor"),
     "longrope": ("factor", "attention_factor"),
@@ -156,7 +163,7 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     missing = [k for k in _REQUIRED[kind] if k not in params]
     if missing:
         raise ValueError(f"scaling of rope_type {kind!r} needs the key(s) {missing}; got {dict(config)}")
-    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind]) | set(_EVERY_TYPE)
+    allowed = set(_REQUIRED[kind]) | set(_OPTIONAL[kind]) | set(_EVERY_TYPE) | set(_MULTI_AXIS)
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(f"scaling of rope_type {kind!r} does not accept the key(s) {unknown}; "
@@ -169,6 +176,15 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if fraction is not None and not (_is_finite_number(fraction) and 0.0 < fraction <= 1.0):
         raise ValueError("scaling['partial_rotary_factor'] must be a number p with 0 < p <= 1 "
                          f"(the fraction of the head that rotates), got {fraction!r}")
+    sections = params.get("mrope_section")
+    if sections is not None and (
+            isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence)
+            or not sections or any(as_int(n) is None or as_int(n) < 1 for n in sections)):
+        raise ValueError("scaling['mrope_section'] must be a list of positive ints, the pairs of "
+                         f"each axis (t, h, w), e.g. [16, 24, 24], got {sections!r}")
+    if not isinstance(params.get("mrope_interleaved", False), bool):
+        raise ValueError("scaling['mrope_interleaved'] must be a bool (True: Qwen3-VL's "
+                         f"interleaved M-RoPE), got {params['mrope_interleaved']!r}")
     original = params.get("original_max_position_embeddings")
     if original is not None:
         check_count("scaling['original_max_position_embeddings']", original)
@@ -203,6 +219,19 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
                     raise ValueError(f"scaling['{key}'][{i}] must be a finite number > 0 (the "
                                      f"stretch factor of pair {i}), got {value!r}")
     return kind, params
+
+
+def axis_sections(config: Mapping | None) -> tuple[tuple[int, ...], str] | None:
+    """The M-RoPE of a config that carries ``mrope_section`` (Qwen2-VL, Qwen3-VL): its pairs
+    per axis and their order, ``"interleaved"`` with ``mrope_interleaved: True`` (Qwen3-VL)
+    and ``"chunked"`` otherwise (Qwen2-VL, Qwen2.5-VL); None for a 1D config.
+    transformers decides the order by the model class and ignores ``mrope_interleaved``; the
+    Qwen3-VL configs carry it, and a config without it is read as Qwen2-VL's."""
+    _, params = _validated(config)
+    if params.get("mrope_section") is None:
+        return None
+    order = "interleaved" if params.get("mrope_interleaved", False) else "chunked"
+    return tuple(as_int(n) for n in params["mrope_section"]), order
 
 
 def rope_base(base: float | None, config: Mapping | None = None) -> float:
@@ -376,45 +405,110 @@ def scaled_frequencies(
         config: ``None`` or a Hugging Face style ``rope_scaling`` / ``rope_parameters`` dict of
             one layer type (see the module docstring).
         seq_len: current sequence length; ``"dynamic"`` and ``"longrope"`` use it.
-        max_position_embeddings: the model's context length; only a ``"longrope"`` config
-            without ``factor`` uses it (factor = max_position_embeddings / L0, as in
-            transformers).
+        max_position_embeddings: the model's context length; a ``"longrope"`` config without
+            ``factor`` (factor = max_position_embeddings / L0) and a ``"dynamic"`` one without
+            ``original_max_position_embeddings`` (L0 = max_position_embeddings) use it, as
+            transformers does.
 
     Returns:
         ``(inv_freq, attention_factor)``: inv_freq of shape ``(rotated_dim(dim, config) // 2,)``,
         float64 on the CPU; attention_factor multiplies cos and sin (1.0 except for YaRN and
         LongRoPE).
     """
-    kind, p = _validated(config)
-    base = rope_base(base, config)
-    dim = check_even_positive("dim", dim)
     if seq_len is not None:
         seq_len = check_count("seq_len", seq_len, zero=True, extra=" or None")
-    if max_position_embeddings is not None:
-        max_position_embeddings = check_count("max_position_embeddings",
-                                              max_position_embeddings, extra=" or None")
-    dim = _rotated(dim, kind, p)
-    if kind in ("ntk", "dynamic") and dim == 2:
-        raise ValueError(f"dim must be >= 4 for {kind!r} scaling (the base grows by "
-                         "factor^(dim / (dim - 2))), got 2")
-    theta = default_frequencies(dim, base)
-    if kind == "default":
-        return theta, 1.0
-    if kind == "proportional":
-        return _proportional(dim, base, p), 1.0
-    if kind == "longrope":
-        return _longrope(dim, base, p, seq_len, max_position_embeddings)
-    factor = float(p["factor"])
-    if kind == "linear":
-        return theta / factor, 1.0
-    if kind == "ntk":
-        return default_frequencies(dim, ntk_base(base, factor, dim)), 1.0
-    if kind == "dynamic":
-        original = p["original_max_position_embeddings"]
-        if seq_len is None or seq_len <= original:
-            return theta, 1.0
-        grown = factor * seq_len / original - (factor - 1)
-        return default_frequencies(dim, base * grown ** (dim / (dim - 2))), 1.0
-    if kind == "yarn":
-        return _yarn(dim, base, p)
-    return _llama3(dim, base, p), 1.0
+    schedule = FrequencySchedule(dim, base, config,
+                                 max_position_embeddings=max_position_embeddings)
+    return schedule(seq_len)
+
+
+def trained_length(config: Mapping | None, max_position_embeddings: int | None = None
+                   ) -> int | None:
+    """L0, the length a length-dependent config (``depends_on_length``) switches at: its
+    ``original_max_position_embeddings``, else, for dynamic NTK (whose transformers-5 config
+    has no such key), ``max_position_embeddings``; None for other rope types. A dynamic
+    config with neither is a ValueError."""
+    kind, p = _validated(config)
+    if kind not in ("dynamic", "longrope"):
+        return None
+    if "original_max_position_embeddings" in p:
+        return as_int(p["original_max_position_embeddings"])
+    if max_position_embeddings is None:
+        raise ValueError("scaling of rope_type 'dynamic' has no "
+                         "'original_max_position_embeddings': the trained length is then "
+                         "max_position_embeddings (as in transformers 5); pass "
+                         "max_position_embeddings=, or set "
+                         "scaling['original_max_position_embeddings']")
+    return check_count("max_position_embeddings", max_position_embeddings, extra=" or None")
+
+
+class FrequencySchedule:
+    """The frequencies of one rope config as a function of the current length, checked and
+    computed once.
+
+    Every check on the config's numbers runs here, at construction; calling the schedule
+    reads only tensors and ints it holds. A compiled graph that calls it (one layer of a
+    model compiled on its own, whose base or factor differs from the previous layer's, so
+    that ``torch.compile`` makes them symbolic) then never runs a check on a symbolic number.
+
+    Args: as ``scaled_frequencies``.
+
+    ``schedule(seq_len)`` returns ``(inv_freq, attention_factor)`` as ``scaled_frequencies``
+    does: inv_freq float64 ``(rotated_dim(dim, config) // 2,)`` on the CPU.
+    """
+
+    def __init__(self, dim: int, base: float | None = None, config: Mapping | None = None, *,
+                 max_position_embeddings: int | None = None) -> None:
+        kind, p = _validated(config)
+        base = rope_base(base, config)
+        dim = check_even_positive("dim", dim)
+        if max_position_embeddings is not None:
+            max_position_embeddings = check_count("max_position_embeddings",
+                                                  max_position_embeddings, extra=" or None")
+        dim = _rotated(dim, kind, p)
+        if kind in ("ntk", "dynamic") and dim == 2:
+            raise ValueError(f"dim must be >= 4 for {kind!r} scaling (the base grows by "
+                             "factor^(dim / (dim - 2))), got 2")
+        self.kind = kind
+        self.trained_length = trained_length(config, max_position_embeddings)
+        self.attention_factor = 1.0
+        self._long: torch.Tensor | None = None
+        with torch.device("cpu"):
+            theta = default_frequencies(dim, base)
+            if kind == "default":
+                self._inv_freq = theta
+            elif kind == "proportional":
+                self._inv_freq = _proportional(dim, base, p)
+            elif kind == "longrope":
+                self._inv_freq, self.attention_factor = _longrope(
+                    dim, base, p, None, max_position_embeddings)
+                self._long, _ = _longrope(dim, base, p, self.trained_length + 1,
+                                          max_position_embeddings)
+            elif kind == "linear":
+                self._inv_freq = theta / float(p["factor"])
+            elif kind == "ntk":
+                self._inv_freq = default_frequencies(dim, ntk_base(base, float(p["factor"]), dim))
+            elif kind == "dynamic":
+                self._inv_freq = theta
+                # base, factor and d / (d - 2) as tensors: no Python number a graph could
+                # make symbolic
+                self._dynamic = torch.tensor([base, float(p["factor"]), dim / (dim - 2)],
+                                             dtype=torch.float64)
+                self._exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+            elif kind == "yarn":
+                self._inv_freq, self.attention_factor = _yarn(dim, base, p)
+            else:
+                self._inv_freq = _llama3(dim, base, p)
+
+    def __call__(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """``(inv_freq, attention_factor)`` for the current length ``seq_len`` (None: at most
+        the trained length)."""
+        long = seq_len is not None and self.trained_length is not None and (
+            seq_len > self.trained_length)
+        if not long or self.kind not in ("dynamic", "longrope"):
+            return self._inv_freq, self.attention_factor
+        if self.kind == "longrope":
+            return self._long, self.attention_factor
+        base, factor, power = self._dynamic
+        grown = factor * seq_len / self.trained_length - (factor - 1)
+        return torch.pow(base * grown ** power, -self._exponents), 1.0

@@ -16,8 +16,16 @@ import torch
 from torch import nn
 
 from ._checks import check_count, check_even_positive, check_int_tensor, tracing
-from .multiaxis import axis_rows, axis_tables, check_axis_positions, check_frequencies
+from .multiaxis import (
+    axis_of_pairs,
+    axis_rows,
+    axis_tables,
+    check_axis_positions,
+    check_frequencies,
+)
 from .scaling import (
+    FrequencySchedule,
+    axis_sections,
     depends_on_length,
     layer_parameters,
     rope_base,
@@ -39,7 +47,7 @@ def rope_frequencies(
     ``partial_rotary_factor`` in ``scaling`` the shape is ``(rotated_dim(dim, scaling) // 2,)``
     (see ``ropelib.scaling``). ``seq_len`` is the current length, used by ``"dynamic"`` and
     ``"longrope"``; ``max_position_embeddings`` only by a ``"longrope"`` config without
-    ``factor``.
+    ``factor`` and a ``"dynamic"`` one without ``original_max_position_embeddings``.
     """
     inv_freq, _ = scaled_frequencies(dim, base, scaling, seq_len=seq_len,
                                      max_position_embeddings=max_position_embeddings)
@@ -93,7 +101,8 @@ def generate_rope_embeddings(
             (``seq_len``, or the largest position + 1) picks dynamic NTK's frequencies and
             LongRoPE's short or long factors.
         dtype: float32 (default) or float64.
-        max_position_embeddings: only for a ``"longrope"`` config without ``factor``.
+        max_position_embeddings: only for a ``"longrope"`` config without ``factor`` and a
+            ``"dynamic"`` one without ``original_max_position_embeddings`` (as transformers).
 
     Returns:
         ``(cos, sin)``, each ``(seq_len, rotated_dim // 2)``: ``head_dim // 2`` columns
@@ -156,9 +165,14 @@ class RotaryEmbedding(nn.Module):
             dimension when ``scaling`` has a ``partial_rotary_factor``.
         base: RoPE base; default the config's ``rope_theta``, else 10000.
         scaling: optional rope config (``rope_scaling`` or transformers-5 ``rope_parameters``),
-            or one per layer type with ``layer_type``.
+            or one per layer type with ``layer_type``. A config with ``mrope_section``
+            (Qwen2-VL; Qwen3-VL with ``mrope_interleaved``) makes the module multi-axis: W
+            deals the config's (scaled) spectrum out to the axes, as transformers does, and
+            YaRN's attention factor multiplies the rows (``attention_factor``).
         max_position_embeddings: initial cache length (default 2048); a ``"longrope"`` config
-            without ``factor`` takes factor = max_position_embeddings / L0, as transformers does.
+            without ``factor`` takes factor = max_position_embeddings / L0, and a ``"dynamic"``
+            one without ``original_max_position_embeddings`` takes L0 =
+            max_position_embeddings, as transformers does.
         device: device of the buffers.
         layer_type: the key of ``scaling`` to use when it holds one config per layer type
             (e.g. ``"full_attention"``).
@@ -188,8 +202,6 @@ class RotaryEmbedding(nn.Module):
         if self.frequencies is not None and scaling is not None:
             raise ValueError(f"pass either frequencies (multi-axis) or scaling, not both; got "
                              f"scaling={dict(scaling)!r}")
-        self.pair_axes = None if self.frequencies is None or (
-            (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         if max_position_embeddings is not None:
             max_position_embeddings = check_count("max_position_embeddings",
                                                   max_position_embeddings, extra=" or None")
@@ -197,6 +209,16 @@ class RotaryEmbedding(nn.Module):
         self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
         self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
+        # every check on the config's numbers runs here, never in a compiled graph
+        self._schedule = None if self.frequencies is not None else FrequencySchedule(
+            dim, self.base, scaling, max_position_embeddings=max_position_embeddings)
+        self.attention_factor = 1.0  # multiplies cos and sin of multi-axis rows
+        sections = axis_sections(scaling)
+        if sections is not None:  # a Qwen2-VL / Qwen3-VL config: M-RoPE of its spectrum
+            self.frequencies, self.attention_factor = self._axis_matrix(*sections)
+            self._schedule = None
+        self.pair_axes = None if self.frequencies is None or (
+            (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
                                                                    dtype=torch.float32),
                              persistent=False)
@@ -206,6 +228,28 @@ class RotaryEmbedding(nn.Module):
         self._scaled_for: int | None = None
         self._table_dtype = torch.float32  # of cos_cached and sin_cached, read without them
         self._build(max_position_embeddings or 2048)
+
+    def _axis_matrix(self, sections: tuple[int, ...], order: str
+                     ) -> tuple[torch.Tensor, float]:
+        """The frequency matrix W ``(pairs, k)`` of a config with ``mrope_section``: pair i
+        of the config's (scaled) spectrum follows axis ``axis_of_pairs(...)[i]``, as
+        transformers' Qwen2-VL / Qwen3-VL rotary embeddings deal them out; and the config's
+        attention factor (YaRN's), which multiplies cos and sin."""
+        if self.dynamic:
+            raise ValueError(f"scaling of rope_type {rope_type(self.scaling)!r} with "
+                             "'mrope_section': M-RoPE whose frequencies change with the "
+                             "length is not supported; use a rope type whose frequencies do "
+                             "not (default, linear, ntk, yarn, llama3, proportional)")
+        inv_freq, attention = self._schedule()
+        pairs = inv_freq.shape[0]
+        if sum(sections) != pairs:
+            raise ValueError(f"scaling['mrope_section']={list(sections)} must sum to the "
+                             f"{pairs} rotated pairs (rotated dim {2 * pairs} / 2), got sum "
+                             f"{sum(sections)}")
+        with torch.device("cpu"):
+            W = torch.zeros(pairs, len(sections), dtype=torch.float64)
+            W[torch.arange(pairs), axis_of_pairs(2 * pairs, sections, order)] = inv_freq
+        return W, attention
 
     @property
     def cached_len(self) -> int:
@@ -221,9 +265,8 @@ class RotaryEmbedding(nn.Module):
         theta_i (for the length ``freq_len`` where they depend on it), or the diagonal's
         sum_a W[i, a] for multi-axis frequencies."""
         if self.frequencies is not None:
-            return self.frequencies.sum(1), 1.0
-        return scaled_frequencies(self.dim, self.base, self.scaling, seq_len=freq_len,
-                                  max_position_embeddings=self.max_position_embeddings)
+            return self.frequencies.sum(1), self.attention_factor
+        return self._schedule(freq_len)
 
     def _build(self, length: int, freq_len: int | None = None,
                device: torch.device | None = None) -> None:
@@ -262,7 +305,7 @@ class RotaryEmbedding(nn.Module):
             if length > self.cached_len:
                 self._build(max(length, 2 * self.cached_len))
             return
-        original = self.scaling["original_max_position_embeddings"]
+        original = self._schedule.trained_length
         if rope_type(self.scaling) == "longrope":  # the long factors above the trained length
             long = length > original
             if long != (self._scaled_for is not None):
@@ -350,14 +393,21 @@ class RotaryEmbedding(nn.Module):
         check_axis_positions(positions, self.num_axes, integer=True)
         if tracing():  # computed in the graph, as traced_rows does for 1D positions
             torch._assert_async((positions >= 0).all(), "positions must be >= 0")
-            return axis_tables(positions, self.frequencies, dtype=self._table_dtype)
+            return self._scaled(*axis_tables(positions, self.frequencies,
+                                             dtype=self._table_dtype))
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0:
             raise ValueError(f"positions must be >= 0, got min {low}")
         if self.pair_axes is None:  # pairs turning with several axes: computed
             dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
-            return axis_tables(positions.to(self.cos_cached.device), self.frequencies,
-                               dtype=dtype)
+            return self._scaled(*axis_tables(positions.to(self.cos_cached.device),
+                                             self.frequencies, dtype=dtype))
         cos, sin = self.tables(high + 1)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
                          self.pair_axes.to(cos.device))
+
+    def _scaled(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin times the attention factor of the config (1 but for YaRN's)."""
+        if self.attention_factor == 1.0:
+            return cos, sin
+        return cos * self.attention_factor, sin * self.attention_factor

@@ -21,6 +21,12 @@ settings.register_profile(
 settings.load_profile("ropelib")
 
 
+def pytest_configure(config) -> None:
+    """book/_ext on the path, for the tests of kernel_watchdog (book/conftest.py
+    has nbval use it on the chapters)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "book" / "_ext"))
+
+
 @pytest.fixture(params=["cpu", "cuda"])
 def device(request) -> torch.device:
     """Every available device; the CUDA cases skip cleanly on a machine without a GPU."""

@@ -349,8 +349,9 @@ CASES = {
     "longrope unknown key lists the accepted ones": (
         lambda: scaled_frequencies(8, config=longrope(beta_fast=32.0)), ValueError,
         r"rope_type 'longrope' does not accept the key\(s\) \['beta_fast'\]; accepted keys: "
-        r"\['attention_factor', 'factor', 'long_factor', 'original_max_position_embeddings', "
-        r"'partial_rotary_factor', 'rope_theta', 'short_factor'\]"),
+        r"\['attention_factor', 'factor', 'long_factor', 'mrope_interleaved', 'mrope_section', "
+        r"'original_max_position_embeddings', 'partial_rotary_factor', 'rope_theta', "
+        r"'short_factor'\]"),
     "proportional NaN factor": (
         lambda: scaled_frequencies(8, config={"rope_type": "proportional", "factor": float("nan")}),
         ValueError, r"scaling\['factor'\] must be a finite number >= 1, got nan"),

@@ -147,6 +147,35 @@ def test_dynamic_both_sides_of_the_switch(seq_len):
         torch.testing.assert_close(inv, thetas(HEAD_DIM), rtol=1e-12, atol=0)
 
 
+def test_dynamic_as_transformers_5_stores_it_takes_l0_from_max_position_embeddings():
+    """LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0}) stores no
+    original_max_position_embeddings: the dict goes in as it is, with the model's
+    max_position_embeddings, and the tables follow LlamaRotaryEmbedding's switches."""
+    config = hf_config({"rope_type": "dynamic", "factor": 2.0})
+    params = config.rope_parameters
+    assert "original_max_position_embeddings" not in params
+    for seq_len in (None, MAX_POS, MAX_POS + 1, 3 * MAX_POS):
+        expected, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, None, seq_len=seq_len)
+        inv, attention = scaled_frequencies(HEAD_DIM, config=params, seq_len=seq_len,
+                                            max_position_embeddings=MAX_POS)
+        torch.testing.assert_close(inv, expected.to(F64), rtol=1e-6, atol=0)
+        assert attention == 1.0
+    hf = LlamaRotaryEmbedding(config)
+    ours = RotaryEmbedding(HEAD_DIM, scaling=params, max_position_embeddings=MAX_POS)
+    for n in (10, MAX_POS + 1, 3 * MAX_POS, 2 * MAX_POS, 20):  # grow, keep, reset as HF
+        hf_cos, hf_sin = hf(torch.zeros(1), torch.arange(n)[None])
+        cos, sin = ours(n)
+        for table, hf_table in ((cos, hf_cos), (sin, hf_sin)):  # HF: float32 angles
+            torch.testing.assert_close(table.to(F64), hf_table[0, :, :HEAD_DIM // 2].to(F64),
+                                       rtol=0, atol=1.5e-7 * n + 1e-6)
+    module = StandardAttentionWithRoPE(4 * HEAD_DIM, 4, scaling=params,
+                                       max_position_embeddings=MAX_POS)
+    assert module.rotary.dynamic
+    with pytest.raises(ValueError, match=r"'dynamic' has no 'original_max_position_embeddings'"
+                                         r".*pass max_position_embeddings="):
+        RotaryEmbedding(HEAD_DIM, scaling=params)
+
+
 LONGROPE = {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
             "original_max_position_embeddings": L0, "rope_theta": 1e4}
 
