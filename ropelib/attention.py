@@ -371,7 +371,10 @@ class StandardAttentionWithRoPE(nn.Module):
             return q, k
         elif self.rotary.num_axes > 1 and (positions is not None or key_positions is not None):
             return self._rotate_axes(q, k, positions, key_positions, offset)
-        elif tracing():
+        elif tracing() or (q.device.type != "cpu" and not self.rotary.dynamic and (
+                positions is not None or key_positions is not None)):
+            # no host read of the positions: under a compiler, and on a GPU (no wait for it,
+            # and a CUDA graph can hold the step)
             return self._rotate_traced(q, k, positions, key_positions, offset, end)
         else:
             ends = [end] + [int(p.max()) + 1 for p in (positions, key_positions)
@@ -390,14 +393,18 @@ class StandardAttentionWithRoPE(nn.Module):
         return q, k
 
     def _rotate_traced(self, q, k, positions, key_positions, offset, end):
-        """``_rotate`` under a compiler or tracer, where the largest position is unknown and
-        the tables cannot grow: the rows of every position are computed in the graph
-        (``RotaryEmbedding.traced_rows``), with the frequencies of length ``end``. A
-        length-dependent rope type would use a longer length for a position at or past
-        ``end`` in eager mode; the graph asserts there is none."""
+        """``_rotate`` without reading the positions on the host (under a compiler or
+        tracer, and on a GPU): the tables cannot grow to the largest position, so the rows
+        of every position are computed on the device (``RotaryEmbedding.traced_rows``: the
+        angle reduced in float64, cos and sin in float32 on a GPU), with the frequencies of
+        length ``end``. A length-dependent rope type would use a longer length for a position
+        at or past ``end`` in eager mode; the graph asserts there is none. q and k at the
+        same positions share their rows and rotate in one launch."""
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
-        rotated = []
-        for x, pos in ((q, positions), (k, key_positions)):
+        shared = (key_positions is positions and q.shape[-2] == k.shape[-2]
+                  and q.shape[:-3] == k.shape[:-3])
+        rows = []
+        for x, pos in ((q, positions),) if shared else ((q, positions), (k, key_positions)):
             if pos is None:
                 pos = torch.arange(offset, offset + x.shape[-2], device=x.device)
             else:
@@ -408,9 +415,10 @@ class StandardAttentionWithRoPE(nn.Module):
                                         "positions < offset + seq")
             cos, sin = self.rotary.traced_rows(pos.to(x.device), end)
             # (seq,) or (batch, seq) positions: rows (1 or batch, 1 head, seq, rotary_dim / 2)
-            cos, sin = (t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin))
-            rotated.append(apply_rope(x, cos, sin, **kw))
-        return tuple(rotated)
+            rows.append(tuple(t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin)))
+        if shared:
+            return apply_rope_qk(q, k, *rows[0], **kw)
+        return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[1], **kw)
 
     def _rotate_axes(self, q, k, positions, key_positions, offset):
         """Multi-axis positions ``(N, k)`` or ``(B, N, k)``: each token's rows gathered (or

@@ -50,9 +50,9 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         that allow nothing opened up so that softmax stays finite) or None; ``empty_rows``
         (bool, broadcastable to ``(batch, heads, q_len, 1)``) marking rows whose output must be
         zero, or None when there are none. Under a compiler or tracer, where the mask's
-        values are unknown, ``empty_rows`` is always a tensor (all False when no row is
-        empty: the same result) and the checks of a float mask's values are assertions in
-        the graph.
+        values are unknown, and on a GPU, whose values are not read back, ``empty_rows`` is
+        always a tensor (all False when no row is empty: the same result) and the checks of
+        a float mask's values are assertions on the device.
     """
     q_len, k_len = shape[-2:]
     if attn_mask is not None:
@@ -87,21 +87,28 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         return None, None
     if attn_mask.dtype == torch.bool:
         empty = ~attn_mask.any(dim=-1, keepdim=True)
-        if not tracing() and not empty.any():
+        if not _on_device(attn_mask) and not empty.any():
             return attn_mask, None
         return attn_mask | empty, empty
     empty = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
-    if not tracing() and not empty.any():
+    if not _on_device(attn_mask) and not empty.any():
         return attn_mask, None
     return attn_mask.masked_fill(empty, 0.0), empty
 
 
+def _on_device(t: torch.Tensor) -> bool:
+    """Whether t's values must not be read on the host: under a compiler or tracer (they
+    are unknown), or on a GPU (reading them would wait for it, and a CUDA graph cannot
+    hold the wait). Checks of values become assertions on the device there."""
+    return tracing() or t.device.type != "cpu"
+
+
 def _check_float_mask(attn_mask: torch.Tensor) -> None:
     """No NaN (the -inf recipe's 0 * -inf) and no +inf in a float mask: raised here, an
-    assertion in the graph under a compiler or tracer."""
+    assertion on the device on a GPU and in the graph under a compiler or tracer."""
     posinf_help = ("attn_mask contains +inf: a score plus inf is inf, and the softmax of a "
                    "row holding inf is NaN. Use 0 to keep a key and -inf to mask it")
-    if tracing():
+    if _on_device(attn_mask):
         torch._assert_async(~torch.isnan(attn_mask).any(), NAN_MASK_HELP)
         torch._assert_async(~torch.isposinf(attn_mask).any(), posinf_help)
         return
