@@ -69,6 +69,7 @@ class KVCache:
         self._inference = False  # whether eager code made the buffers in inference mode
         self._length = 0
         self._next_position: torch.Tensor | None = None
+        self._written = False  # filled by write() (slots given on the device)
 
     @property
     def next_position(self) -> torch.Tensor | None:
@@ -185,6 +186,9 @@ class KVCache:
         them (see ``positions``); give them with every update of a cache or with none.
         ``next_position``: each row's next position after this update, ``(batch,)`` integer
         (see ``next_position``); kept until an update gives another."""
+        if self._written:
+            raise ValueError("this cache was filled by write(); a cache takes update() or "
+                             "write(), not both (call reset() to start over)")
         new = (key, value, self._check(key, value, positions))
         if next_position is not None:
             next_position = check_int_tensor("next_position", next_position)
@@ -204,6 +208,37 @@ class KVCache:
                 buffer[..., start:end, :].copy_(fresh)
         self._length = end
         return self.key, self.value
+
+    def write(self, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``(batch, kv_heads, new, head_dim)`` keys and values at the cache slots
+        ``slots`` ``(new,)`` (an integer tensor on their device) of buffers of the reserved
+        capacity; return the whole buffers, ``(batch, kv_heads, capacity, head_dim)`` each.
+
+        Nothing here depends on a number the host reads per step, so a decode step that
+        writes this way can be captured once in a CUDA graph and replayed (see
+        ``StandardAttentionWithRoPE.forward``'s ``cache_position``). The buffers start at
+        zero; slots not written yet are hidden by the caller's mask. A cache takes either
+        ``update`` or ``write``, not both; ``length`` stays 0 (the slots are the caller's)."""
+        if self._key_buffer is None:
+            if not self._reserve:
+                raise ValueError("write needs buffers of a reserved size: make the cache "
+                                 "with KVCache(capacity=N), N the longest sequence")
+            self._check(key, value, None)
+            self._set([torch.zeros(t.shape[:2] + (self._reserve, t.shape[-1]), dtype=t.dtype,
+                                   device=t.device) for t in (key, value)])
+            self._written = True
+        elif not self._written:
+            raise ValueError("this cache was filled by update(); a cache takes update() or "
+                             "write(), not both (call reset() to start over)")
+        for new, buffer in ((key, self._key_buffer), (value, self._value_buffer)):
+            if new.shape[:2] + new.shape[-1:] != buffer.shape[:2] + buffer.shape[-1:] or (
+                    new.dtype != buffer.dtype or new.device != buffer.device):
+                raise ValueError(f"keys/values of shape {tuple(new.shape)} ({new.dtype}, "
+                                 f"{new.device}) do not fit the buffers {tuple(buffer.shape)} "
+                                 f"({buffer.dtype}, {buffer.device})")
+            buffer.index_copy_(2, slots, new)
+        return self._key_buffer, self._value_buffer
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep the rows ``beam_idx`` ``(new_batch,)`` of the cache, in that order: row r of
@@ -225,16 +260,17 @@ class KVCache:
                 raise ValueError(f"beam_idx must hold rows of the cache, in [0, {batch}), got "
                                  f"values in [{low}, {high}]")
         index = beam_idx.to(self._key_buffer.device)
+        length = self.capacity if self._written else self._length  # write() fills any slot
         buffers = []
         for buffer in (self._key_buffer, self._value_buffer, self._position_buffer):
             if buffer is None:
                 continue
-            rows = buffer[..., :self._length, :].index_select(0, index)
+            rows = buffer[..., :length, :].index_select(0, index)
             fresh = rows.new_empty((index.shape[0],) + tuple(buffer.shape[1:]))
             if rows.requires_grad and torch.is_grad_enabled():
                 fresh = rows  # autograd records: no writes into a buffer (see update)
             else:
-                fresh[..., :self._length, :].copy_(rows)
+                fresh[..., :length, :].copy_(rows)
             buffers.append(fresh)
         self._set(buffers)
         if self._next_position is not None:
@@ -246,6 +282,7 @@ class KVCache:
         self._inference = False
         self._length = 0
         self._next_position = None
+        self._written = False
 
 
 class StandardAttentionWithRoPE(nn.Module):
@@ -455,7 +492,7 @@ class StandardAttentionWithRoPE(nn.Module):
                 attn_mask: torch.Tensor | None = None, return_attn: bool = False, *,
                 is_causal: bool = False, positions: torch.Tensor | None = None,
                 key_positions: torch.Tensor | None = None, offset: int | None = None,
-                kv_cache: KVCache | None = None):
+                kv_cache: KVCache | None = None, cache_position: torch.Tensor | None = None):
         """Attend from query ``(B, Nq, D)`` to key/value ``(B, Nk, D)``.
 
         Args:
@@ -479,12 +516,25 @@ class StandardAttentionWithRoPE(nn.Module):
                 change with the length (dynamic NTK): then the keys are cached unrotated and
                 all of them are rotated at every call, one extra pass over the cached keys
                 (see ``KVCache``).
+            cache_position: a step at cache slots given on the device: a 0-d integer tensor,
+                the slot of the first new token in ``kv_cache`` (made with a ``capacity``);
+                the new keys and values go to the slots ``cache_position + 0 .. N - 1``
+                (``KVCache.write``), each query attends to the slots up to its own (and to
+                what ``attn_mask`` of shape ``(B, 1, 1, capacity)`` or ``(B, 1, N,
+                capacity)`` allows, e.g. left padding), and ``positions`` default to the
+                slots. As many new keys as queries, 1D RoPE whose frequencies do not
+                depend on the length. Nothing in such a step reads a value on the host, so on a GPU it
+                can be captured in a CUDA graph and replayed with new tokens, positions and
+                ``cache_position`` (see the README).
 
         Returns:
             ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
             that may attend to nothing gets zeros (no NaN).
         """
         self._check_inputs(query, key, value)
+        if cache_position is not None:
+            return self._step_at(query, key, value, rope_embeddings, attn_mask, return_attn,
+                                 positions, kv_cache, cache_position)
         # a multi-axis module records each row's next position in a KVCache
         axes = (rope_embeddings is None and self.rotary is not None and self.rotary.num_axes > 1
                 and hasattr(kv_cache, "next_position"))
@@ -514,6 +564,51 @@ class StandardAttentionWithRoPE(nn.Module):
             q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset, end)
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)
+        return self._attend(q, k, v, attn_mask, is_causal, return_attn)
+
+    def _step_at(self, query, key, value, rope_embeddings, attn_mask, return_attn, positions,
+                 kv_cache, cache_position):
+        """``forward`` with ``cache_position``: the step a CUDA graph can hold."""
+        if key.shape[1] != query.shape[1]:
+            raise ValueError(f"cache_position steps take as many new keys as queries (the "
+                             f"new tokens), got {query.shape[1]} queries and {key.shape[1]} "
+                             "keys")
+        if not isinstance(kv_cache, KVCache):
+            raise ValueError("cache_position needs a kv_cache made with a capacity, e.g. "
+                             "KVCache(capacity=4096)")
+        if rope_embeddings is None and self.rotary is not None and (
+                self.rotary.dynamic or self.rotary.num_axes > 1):
+            raise ValueError("cache_position steps take 1D RoPE whose frequencies do not "
+                             "depend on the length; decode this module with offset= or "
+                             "positions= instead")
+        cache_position = check_int_tensor("cache_position", cache_position)
+        if cache_position.numel() != 1:
+            raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), "
+                             f"got shape {tuple(cache_position.shape)}")
+        q = self._split_heads(self.q_proj(query), self.num_heads)
+        k = self._split_heads(self.k_proj(key), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(value), self.num_kv_heads)
+        n = q.shape[-2]
+        slots = cache_position.reshape(()).to(q.device) + torch.arange(n, device=q.device)
+        if positions is None:
+            positions = slots
+        positions = check_int_tensor("positions", positions)
+        q, k = self._rotate(q, k, rope_embeddings, positions, positions, 0, n)
+        k, v = kv_cache.write(k, v, slots)
+        visible = torch.arange(k.shape[-2], device=q.device) <= slots[:, None]  # (n, capacity)
+        if attn_mask is None:
+            mask = visible
+        elif not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        elif attn_mask.dtype == torch.bool:
+            mask = attn_mask & visible
+        else:
+            mask = attn_mask.masked_fill(~visible, float("-inf"))
+        return self._attend(q, k, v, mask, False, return_attn)
+
+    def _attend(self, q, k, v, attn_mask, is_causal: bool, return_attn: bool):
+        """Attention of rotated q ``(B, H, Nq, d)`` over k, v ``(B, kv_heads, Nk, d)``, merged
+        and projected; ``(out, weights)`` with ``return_attn``."""
         batch, q_len, k_len = q.shape[0], q.shape[-2], k.shape[-2]
         p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads

@@ -385,8 +385,18 @@ class RotaryEmbedding(nn.Module):
                                  "torch.compile, which check the length")
             freq_len = int(length)
         inv_freq, factor = self._frequencies(freq_len)
+        if freq_len is None and self.frequencies is None:  # fixed: kept on the device
+            inv_freq = self._on_device(inv_freq, positions.device)
         return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
                                  positions.device, self._table_dtype)
+
+    def _on_device(self, inv_freq: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The fixed float64 frequencies on ``device``, copied there once (a copy from the
+        host inside a CUDA graph's capture would fail, and costs a transfer per call)."""
+        copies = self.__dict__.setdefault("_frequency_copies", {})
+        if device not in copies:
+            copies[device] = inv_freq.to(device)
+        return copies[device]
 
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""

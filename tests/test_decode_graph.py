@@ -1,0 +1,137 @@
+"""A decode step that a CUDA graph can hold (issue 35): ``forward(..., cache_position=)``
+writes the new keys at slots given on the device (``KVCache.write``) and attends over the
+whole reserved cache with a mask. On the CPU: every step equals decoding with ``KVCache``
+updates (and the full causal forward); on a GPU: captured once with ``torch.cuda.graph``,
+every replay with new tokens, positions and slot equals the eager step, and
+``torch.compile(mode="reduce-overhead")`` of the step too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropelib import KVCache, StandardAttentionWithRoPE
+
+D, H, KV = 32, 4, 2
+CAPACITY = 16
+
+
+def module(device, **kw):
+    torch.manual_seed(0)
+    return StandardAttentionWithRoPE(D, H, num_kv_heads=KV, layout="half", bias=False,
+                                     device=device, **kw).eval()
+
+
+@pytest.mark.parametrize("prefill", [1, 5])
+def test_steps_at_cache_slots_equal_decoding_with_updates(device, prefill):
+    """A prefill then single-token steps at cache_position equal the same tokens through
+    KVCache.update and the full causal forward over all of them."""
+    attn = module(device)
+    x = torch.randn(2, prefill + 6, D, device=device, dtype=torch.float64)
+    attn = attn.double()
+    with torch.no_grad():
+        full = attn(x, x, x, is_causal=True)
+        slots, updates = KVCache(capacity=CAPACITY), KVCache()
+        outs = [attn(x[:, :prefill], x[:, :prefill], x[:, :prefill], kv_cache=slots,
+                     cache_position=torch.tensor(0, device=device))]
+        reference = [attn(x[:, :prefill], x[:, :prefill], x[:, :prefill], kv_cache=updates,
+                          is_causal=True)]
+        for t in range(prefill, x.shape[1]):
+            step = x[:, t:t + 1]
+            outs.append(attn(step, step, step, kv_cache=slots,
+                             cache_position=torch.tensor(t, device=device)))
+            reference.append(attn(step, step, step, kv_cache=updates, is_causal=True))
+    torch.testing.assert_close(torch.cat(outs, 1), torch.cat(reference, 1), rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
+
+
+def test_left_padded_rows_at_their_own_positions(device):
+    """Rows padded on the left: a padding mask over the slots and each row's own positions
+    (as Hugging Face's generate builds them) give each row's output of decoding it alone."""
+    attn = module(device).double()
+    x = torch.randn(2, 7, D, device=device, dtype=torch.float64)
+    pad = torch.tensor([[True] * 7, [False, False] + [True] * 5], device=device)
+    with torch.no_grad():
+        cache = KVCache(capacity=CAPACITY)
+        mask = torch.zeros(2, 1, 1, CAPACITY, dtype=torch.bool, device=device)
+        mask[..., :7] = pad[:, None, None, :]
+        positions = (pad.long().cumsum(-1) - 1).clamp_min(0)
+        out = attn(x[:, :6], x[:, :6], x[:, :6], kv_cache=cache, attn_mask=mask,
+                   positions=positions[:, :6], cache_position=torch.tensor(0, device=device))
+        last = attn(x[:, 6:], x[:, 6:], x[:, 6:], kv_cache=cache, attn_mask=mask,
+                    positions=positions[:, 6:], cache_position=torch.tensor(6, device=device))
+        alone = attn(x[1:, 2:], x[1:, 2:], x[1:, 2:], is_causal=True)
+    torch.testing.assert_close(torch.cat([out, last], 1)[1, 2:], alone[0], rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(torch.cat([out, last], 1)[0],
+                               attn(x[:1], x[:1], x[:1], is_causal=True)[0], rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_cache_position_errors():
+    attn = module("cpu")
+    x = torch.randn(1, 1, D)
+    at = torch.tensor(0)
+    with pytest.raises(ValueError, match="needs a kv_cache made with a capacity"):
+        attn(x, x, x, cache_position=at)
+    with pytest.raises(ValueError, match="write needs buffers of a reserved size"):
+        attn(x, x, x, kv_cache=KVCache(), cache_position=at)
+    with pytest.raises(ValueError, match="cache_position must be a single slot"):
+        attn(x, x, x, kv_cache=KVCache(capacity=4), cache_position=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="as many new keys as queries"):
+        attn(x, torch.randn(1, 2, D), torch.randn(1, 2, D), kv_cache=KVCache(capacity=4),
+             cache_position=at)
+    cache = KVCache(capacity=4)
+    attn(x, x, x, kv_cache=cache, cache_position=at)
+    with pytest.raises(ValueError, match="takes update\\(\\) or write\\(\\), not both"):
+        attn(x, x, x, kv_cache=cache)
+    dynamic = StandardAttentionWithRoPE(D, H, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                        max_position_embeddings=8)
+    with pytest.raises(ValueError, match="frequencies do not depend on the length"):
+        dynamic(x, x, x, kv_cache=KVCache(capacity=4), cache_position=at)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("how", ["cuda_graph", "reduce_overhead"])
+def test_decode_step_captured_and_replayed(how):
+    """Capture one decode step (rotation at per-row positions, cache write, attention over
+    the cache) and replay it for new tokens, positions and slots: each replay equals the
+    eager step on the same state."""
+    attn = module("cuda", dtype=torch.bfloat16)
+    batch = 4
+    x = torch.randn(batch, 1, D, device="cuda", dtype=torch.bfloat16)
+    positions = torch.zeros(batch, 1, dtype=torch.int64, device="cuda")
+    slot = torch.zeros((), dtype=torch.int64, device="cuda")
+    cache, eager_cache = KVCache(capacity=CAPACITY), KVCache(capacity=CAPACITY)
+
+    def step(kv_cache):
+        return attn(x, x, x, kv_cache=kv_cache, positions=positions, cache_position=slot)
+
+    with torch.no_grad():
+        if how == "cuda_graph":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step(cache)  # warm up (allocates the buffers)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step(cache)
+            run = graph.replay
+        else:
+            compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+            run = None
+        step(eager_cache)
+        for t in range(1, 6):
+            x.copy_(torch.randn_like(x))
+            positions.copy_(torch.randint(0, 100, (batch, 1), device="cuda"))
+            slot.fill_(t)
+            if run is not None:
+                run()
+                result = out.clone()
+            else:
+                result = compiled(cache).clone()
+            expected = step(eager_cache)
+            torch.testing.assert_close(result, expected, rtol=2e-2, atol=2e-2)
