@@ -9,7 +9,9 @@ from 257 on.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -25,6 +27,8 @@ from .scaling import (
 )
 
 _TABLE_DTYPES = (torch.float32, torch.float64)
+# Held only to compare and swap a module's published cache (never while tables are computed).
+_PUBLISH = threading.Lock()
 
 
 def rope_frequencies(
@@ -108,6 +112,14 @@ def generate_rope_embeddings(
     return _angles_to_tables(positions, inv_freq, factor, device, dtype)
 
 
+class _Cache(NamedTuple):
+    """A module's cos/sin cache, published as one unit: a reader takes all of it at once."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    scaled_for: int | None  # the length the frequencies are for (None: the unscaled ones)
+
+
 class RotaryEmbedding(nn.Module):
     """Holds theta_i and a cos/sin cache that grows on demand.
 
@@ -156,11 +168,14 @@ class RotaryEmbedding(nn.Module):
     frequencies in which every pair follows one axis (M-RoPE), that axis per pair, int64
     ``(dim // 2,)`` (``apply_rope(..., axes=)``: rows read from ``tables()``); else None.
 
-    Buffers (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32, ``cos_cached``
-    and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after ``double()``), the
-    dtype and layout the kernel reads; pairs = ``rotated_dim(dim, scaling) // 2``. They
-    belong to the module: they are rebuilt when the cache grows, after ``to()`` /
-    ``to_empty()`` and by ``reset_parameters()``.
+    Buffer (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32. The cache,
+    ``cos_cached`` and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after
+    ``double()``), is the dtype and layout the kernel reads; pairs =
+    ``rotated_dim(dim, scaling) // 2``. It belongs to the module: it is rebuilt when it
+    grows, after ``to()`` / ``to_empty()`` and by ``reset_parameters()``. Threads may share a
+    module: both tables are published as one unit (a reader never sees the cos of one build
+    with the sin of another), and a cache whose frequencies do not depend on the length never
+    shrinks (a slower, smaller build started before a bigger one is not published).
     """
 
     def __init__(self, dim: int, base: float | None = None, *, scaling: Mapping | None = None,
@@ -186,16 +201,23 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
                                                                    dtype=torch.float32),
                              persistent=False)
-        empty = torch.empty(0, self.inv_freq.shape[0], device=device)
-        self.register_buffer("cos_cached", empty, persistent=False)
-        self.register_buffer("sin_cached", empty.clone(), persistent=False)
-        self._scaled_for: int | None = None
-        self._table_dtype = torch.float32  # of cos_cached and sin_cached, read without them
-        self._build(max_position_embeddings or 2048)
+        self._cache: _Cache | None = None
+        self._table_dtype = torch.float32  # of the cached tables, read without them
+        self._build(max_position_embeddings or 2048, device=self.inv_freq.device)
+
+    @property
+    def cos_cached(self) -> torch.Tensor:
+        """The cached cos table ``(cached_len, pairs)``."""
+        return self._cache.cos
+
+    @property
+    def sin_cached(self) -> torch.Tensor:
+        """The cached sin table ``(cached_len, pairs)``."""
+        return self._cache.sin
 
     @property
     def cached_len(self) -> int:
-        return self.cos_cached.shape[0]
+        return self._cache.cos.shape[0]
 
     @property
     def num_axes(self) -> int:
@@ -212,22 +234,30 @@ class RotaryEmbedding(nn.Module):
                                   max_position_embeddings=self.max_position_embeddings)
 
     def _build(self, length: int, freq_len: int | None = None,
-               device: torch.device | None = None) -> None:
+               device: torch.device | None = None) -> _Cache:
         """New tables for positions ``0 .. length - 1`` (frequencies for ``freq_len``, the
-        length dynamic NTK and LongRoPE see) on ``device`` (default: where the tables are), in float64 if
-        they are float64 (``double()``) and float32 otherwise.
+        length dynamic NTK and LongRoPE see) on ``device`` (default: where the tables are), in
+        float64 if they are float64 (``double()``) and float32 otherwise; returned, and
+        published as the module's cache unless that would shrink a cache whose frequencies do
+        not depend on the length (another thread grew it meanwhile).
         They are ordinary tensors even inside ``torch.inference_mode()`` (decoding there grows
         the cache), so the module trains afterwards."""
-        device = self.cos_cached.device if device is None else device
-        dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
-        self._table_dtype = dtype
+        current = self._cache
+        device = current.cos.device if device is None else device
+        dtype = torch.float64 if current is not None and current.cos.dtype == torch.float64 \
+            else torch.float32
         with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
             inv_freq, factor = self._frequencies(freq_len)
             positions = torch.arange(length, dtype=torch.float64)
-            self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
-                                                                 device, dtype)
-            self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
-        self._scaled_for = freq_len
+            built = _Cache(*_angles_to_tables(positions, inv_freq, factor, device, dtype),
+                           freq_len)
+            inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+        with _PUBLISH:
+            current = self._cache
+            if (current is None or self.dynamic or length >= current.cos.shape[0]
+                    or current.cos.device != device or current.cos.dtype != dtype):
+                self._cache, self._table_dtype, self.inv_freq = built, dtype, inv_freq
+        return built
 
     def reset_parameters(self) -> None:
         """Recompute theta_i and the tables (same length and device), e.g. after construction
@@ -235,33 +265,38 @@ class RotaryEmbedding(nn.Module):
         like call it. The tables are float64 after ``double()`` and float32 otherwise (angles
         need the precision: ``half()`` does not make them half), and nothing is computed on
         the meta device."""
-        if not self.cos_cached.is_meta:
-            self._build(self.cached_len, self._scaled_for)
+        if not self._cache.cos.is_meta:
+            self._build(self.cached_len, self._cache.scaled_for)
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
+        cache = self._cache
+        self._cache = _Cache(fn(cache.cos), fn(cache.sin), cache.scaled_for)
         self.reset_parameters()
         return self
 
-    def _ensure(self, length: int) -> None:
+    def _ensure(self, length: int) -> _Cache:
+        """A cache that covers ``length`` positions with the frequencies of that length: the
+        published one, or one built for it (and published)."""
+        cache = self._cache
+        cached_len, scaled_for = cache.cos.shape[0], cache.scaled_for
         if not self.dynamic:
-            if length > self.cached_len:
-                self._build(max(length, 2 * self.cached_len))
-            return
+            return self._build(max(length, 2 * cached_len)) if length > cached_len else cache
         original = self.scaling["original_max_position_embeddings"]
         if rope_type(self.scaling) == "longrope":  # the long factors above the trained length
             long = length > original
-            if long != (self._scaled_for is not None):
-                self._build(max(length, self.cached_len), freq_len=length if long else None)
-            elif length > self.cached_len:
-                self._build(max(length, 2 * self.cached_len), self._scaled_for)
-            return
-        if length > original and length > (self._scaled_for or original):
-            self._build(length, freq_len=length)
-        elif length <= original and self._scaled_for is not None:
-            self._build(max(self.cached_len, original))
-        elif length > self.cached_len:
-            self._build(length)
+            if long != (scaled_for is not None):
+                return self._build(max(length, cached_len), freq_len=length if long else None)
+            if length > cached_len:
+                return self._build(max(length, 2 * cached_len), scaled_for)
+            return cache
+        if length > original and length > (scaled_for or original):
+            return self._build(length, freq_len=length)
+        if length <= original and scaled_for is not None:
+            return self._build(max(cached_len, original))
+        if length > cached_len:
+            return self._build(length)
+        return cache
 
     def tables(self, length: int, device: torch.device | str | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,10 +311,11 @@ class RotaryEmbedding(nn.Module):
             device = self.inv_freq.device if device is None else device
             return self.traced_rows(torch.arange(length, device=device), length)
         length = check_count("length", length, zero=True)
-        if device is not None and self.cos_cached.is_meta and torch.device(device).type != "meta":
-            self._build(self.cached_len, self._scaled_for, torch.device(device))
-        self._ensure(length)
-        return self.cos_cached, self.sin_cached
+        cache = self._cache
+        if device is not None and cache.cos.is_meta and torch.device(device).type != "meta":
+            self._build(cache.cos.shape[0], cache.scaled_for, torch.device(device))
+        cache = self._ensure(length)
+        return cache.cos, cache.sin
 
     def forward(self, seq_len: int | None = None, *, positions: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,9 +377,8 @@ class RotaryEmbedding(nn.Module):
         if low < 0:
             raise ValueError(f"positions must be >= 0, got min {low}")
         if self.pair_axes is None:  # pairs turning with several axes: computed
-            dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
-            return axis_tables(positions.to(self.cos_cached.device), self.frequencies,
-                               dtype=dtype)
+            return axis_tables(positions.to(self.inv_freq.device), self.frequencies,
+                               dtype=self._table_dtype)
         cos, sin = self.tables(high + 1)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
                          self.pair_axes.to(cos.device))
