@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import native
+from ._checks import check_rotation_operands
 
 _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
@@ -64,7 +65,12 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             with as many dims as x and broadcastable to its rows: pair i of a row reads the
             table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
         axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
+
+    The arguments are checked before the loop runs (``check_rotation_operands``): a table
+    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes``
+    is a ValueError, never a read past a tensor.
     """
+    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
     return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
 
 
@@ -72,6 +78,7 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
 def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                  axes: torch.Tensor | None = None) -> torch.Tensor:
+    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -81,6 +88,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
                    axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
     x itself, or memory that shares no element with x)."""
+    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
     _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
 
 
@@ -88,7 +96,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
 def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                      rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
                      axes: torch.Tensor | None = None) -> None:
-    return None
+    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

@@ -44,7 +44,7 @@ def apply_rope(
     Args:
         x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``; floating point.
         cos, sin: tables ``(table_len, rotary_dim // 2)`` from ``generate_rope_embeddings``
-            or ``RotaryEmbedding``, in any float dtype (cast to ``x.dtype`` here); or rows
+            or ``RotaryEmbedding``, both of one float dtype (cast to ``x.dtype`` here); or rows
             already gathered, with as many dims as x and broadcastable to
             ``(..., seq, rotary_dim // 2)``.
         layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
@@ -119,6 +119,9 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
+    if cos.dtype != sin.dtype:
+        raise ValueError(f"cos and sin must have the same dtype, got {cos.dtype} and "
+                         f"{sin.dtype}; convert one, e.g. sin.to(cos.dtype)")
     if cos.ndim < 2 or cos.shape[-1] != rd // 2:
         hint = "" if rotary_dim is not None or cos.ndim < 2 else (
             f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")

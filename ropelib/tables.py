@@ -16,7 +16,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_count, check_even_positive, check_int_tensor, tracing
+from ._checks import (
+    check_count,
+    check_even_positive,
+    check_int_tensor,
+    traced_nonnegative,
+    tracing,
+)
 from .multiaxis import axis_rows, axis_tables, check_axis_positions, check_frequencies
 from .scaling import (
     depends_on_length,
@@ -161,7 +167,8 @@ class RotaryEmbedding(nn.Module):
         layer_type: the key of ``scaling`` to use when it holds one config per layer type
             (e.g. ``"full_attention"``).
         frequencies: optional multi-axis frequency matrix ``(dim // 2, k)``, e.g.
-            ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling.
+            ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling
+            (passing either with it is a ValueError, and ``base`` is then None).
 
     ``dynamic`` says whether the frequencies depend on the length
     (``ropelib.scaling.depends_on_length(scaling)``). ``pair_axes``: with multi-axis
@@ -189,13 +196,18 @@ class RotaryEmbedding(nn.Module):
         if self.frequencies is not None and scaling is not None:
             raise ValueError(f"pass either frequencies (multi-axis) or scaling, not both; got "
                              f"scaling={dict(scaling)!r}")
+        if self.frequencies is not None and base is not None:
+            raise ValueError(f"pass either frequencies (multi-axis) or base, not both; got "
+                             f"base={base!r}. The frequencies already hold the base: build them "
+                             "with it, e.g. axis_frequencies(dim, sections, base=...)")
         self.pair_axes = None if self.frequencies is None or (
             (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         if max_position_embeddings is not None:
             max_position_embeddings = check_count("max_position_embeddings",
                                                   max_position_embeddings, extra=" or None")
         scaling = layer_parameters(scaling, layer_type)
-        self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
+        self.dim, self.scaling = dim, scaling
+        self.base = None if self.frequencies is not None else rope_base(base, scaling)
         self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
@@ -203,7 +215,8 @@ class RotaryEmbedding(nn.Module):
                              persistent=False)
         self._cache: _Cache | None = None
         self._table_dtype = torch.float32  # of the cached tables, read without them
-        self._build(max_position_embeddings or 2048, device=self.inv_freq.device)
+        # the tables' device: ``device``, else the default one (meta under torch.device("meta"))
+        self._build(max_position_embeddings or 2048, device=torch.empty(0, device=device).device)
 
     @property
     def cos_cached(self) -> torch.Tensor:
@@ -339,11 +352,11 @@ class RotaryEmbedding(nn.Module):
                                  "that depend on the length max(positions) + 1, which a traced "
                                  "graph cannot read from the data; call forward(seq_len) or "
                                  "traced_rows(positions, length)")
-            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
-            return self.traced_rows(positions, None)
+            return self.traced_rows(traced_nonnegative(positions), None)
         if positions.numel() and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
-        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
+        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0,
+                               positions.device)
         index = positions.to(cos.device)
         return cos[index], sin[index]
 
@@ -371,14 +384,18 @@ class RotaryEmbedding(nn.Module):
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
         if tracing():  # computed in the graph, as traced_rows does for 1D positions
-            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
-            return axis_tables(positions, self.frequencies, dtype=self._table_dtype)
+            return axis_tables(traced_nonnegative(positions), self.frequencies,
+                               dtype=self._table_dtype)
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0:
             raise ValueError(f"positions must be >= 0, got min {low}")
+        # where the tables are; on the positions' device while they are still on the meta one
+        # (after load_state_dict(..., assign=True), which does not load them)
+        device = self._cache.cos.device
+        if device.type == "meta":
+            device = positions.device
         if self.pair_axes is None:  # pairs turning with several axes: computed
-            return axis_tables(positions.to(self.inv_freq.device), self.frequencies,
-                               dtype=self._table_dtype)
-        cos, sin = self.tables(high + 1)
+            return axis_tables(positions.to(device), self.frequencies, dtype=self._table_dtype)
+        cos, sin = self.tables(high + 1, device)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
                          self.pair_axes.to(cos.device))
