@@ -27,7 +27,14 @@ import torch
 from torch.autograd import forward_ad
 
 from . import kernels
-from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
+from ._checks import (
+    as_int,
+    check_float_tensor,
+    check_int_tensor,
+    check_layout,
+    traced_nonnegative,
+    tracing,
+)
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
@@ -232,7 +239,7 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
     k = positions.shape[-1]
     if tracing():  # checked on the tensors: no data-dependent branch in the graph
         torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
-        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+        positions = traced_nonnegative(positions)
         if short_table == "raise":
             torch._assert_async((positions < table_len).all(),
                                 "positions must be < the cos/sin table length")
@@ -272,7 +279,7 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     if tracing():  # checked on the tensors: no data-dependent branch in the graph
-        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+        positions = traced_nonnegative(positions)
         if short_table == "raise":
             torch._assert_async((positions < table_len).all(),
                                 "positions must be < the cos/sin table length")

@@ -457,3 +457,37 @@ def test_item13_a_jit_trace_of_the_m_rope_module_refuses_negative_positions(w):
         module(x, x, x, positions=bad)
     with pytest.raises((RuntimeError, ValueError), match=r"positions must be >= 0, got min -4"):
         traced(x, bad)
+
+
+def _traced_1d(case):
+    """The call under test, as a function of (x, positions), with its objects built once."""
+    cos, sin, _ = _tables(40, 8)
+    if case == "apply_rope":
+        return torch.randn(1, 5, 16), lambda x, p: apply_rope(x, cos, sin, positions=p)
+    if case == "apply_rope with axes":
+        axes = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+        return torch.randn(1, 5, 16), lambda x, p: apply_rope(
+            x, cos, sin, positions=torch.stack([p, p // 2, p], -1), layout="half", axes=axes)
+    if case == "RotaryEmbedding":
+        rotary = RotaryEmbedding(16, max_position_embeddings=4)
+        return torch.randn(8), lambda x, p: rotary(positions=p)[0] * x
+    module = _attention(None, layout="half").requires_grad_(False)
+    return torch.randn(1, 5, 32), lambda x, p: module(x, x, x, positions=p)
+
+
+@pytest.mark.parametrize("case", ["apply_rope", "apply_rope with axes", "RotaryEmbedding",
+                                  "attention"])
+def test_item13_traces_of_the_1d_paths_refuse_negative_positions_too(case):
+    """The same dropped assertion let a trace index the tables with a negative position
+    (Python indexing from the end) where eager refuses it."""
+    x, fn = _traced_1d(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(fn, (x, torch.tensor([0, 3, 1, 4, 2])))
+    good = torch.tensor([7, 9, 2, 30, 0])
+    torch.testing.assert_close(traced(x, good), fn(x, good), rtol=1e-5, atol=1e-6)
+    bad = torch.tensor([7, 9, -2, 30, 0])
+    with pytest.raises(ValueError, match=r"positions must be >= 0"):
+        fn(x, bad)
+    with pytest.raises((RuntimeError, ValueError), match=r"positions must be >= 0"):
+        traced(x, bad)
