@@ -213,7 +213,8 @@ class StandardAttentionWithRoPE(nn.Module):
             head_dim), or head_dim for ``"proportional"``); a different rotary_dim is an error.
         base, scaling, max_position_embeddings: the built-in ``RotaryEmbedding``, used when
             ``rope_embeddings`` is not passed. ``base`` defaults to the config's
-            ``rope_theta``, else 10000.
+            ``rope_theta``, else 10000; with ``frequencies`` neither base nor scaling is
+            passed (the frequencies hold them).
         layer_type: the key of ``scaling`` to use when it holds one rope config per layer type
             (e.g. ``"sliding_attention"``).
         frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``

@@ -491,3 +491,19 @@ def test_item13_traces_of_the_1d_paths_refuse_negative_positions_too(case):
         fn(x, bad)
     with pytest.raises((RuntimeError, ValueError), match=r"positions must be >= 0"):
         traced(x, bad)
+
+
+def test_item13_the_nonnegative_operator_passes_opcheck_and_names_the_minimum():
+    p = torch.tensor([[3, 0, 5], [1, 2, 9]])
+    torch.library.opcheck(torch.ops.ropelib.nonnegative.default, (p,))
+    assert torch.equal(torch.ops.ropelib.nonnegative(p), p)
+    with pytest.raises(ValueError, match=r"positions must be >= 0, got min -3"):
+        torch.ops.ropelib.nonnegative(torch.tensor([4, -3, 1]))
+
+
+def test_item7_rotary_embedding_names_the_k_it_saw_and_the_four_row_form():
+    rotary = RotaryEmbedding(16, frequencies=axis_frequencies(16, [2, 3, 3]))
+    with pytest.raises(ValueError, match=r"positions must have shape \(\.\.\., seq, k\) with k = "
+                                         r"3 axes .*got \(2, 5, 4\) \(k = 4\); transformers' "
+                                         r"Qwen2-VL .*position_ids\[-3:\]\.permute\(1, 2, 0\)"):
+        rotary(positions=torch.zeros(2, 5, 4, dtype=torch.long))
