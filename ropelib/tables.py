@@ -268,7 +268,7 @@ class RotaryEmbedding(nn.Module):
         with _PUBLISH:
             current = self._cache
             if (current is None or self.dynamic or length >= current.cos.shape[0]
-                    or current.cos.device != device or current.cos.dtype != dtype):
+                    or current.cos.device != built.cos.device or current.cos.dtype != dtype):
                 self._cache, self._table_dtype, self.inv_freq = built, dtype, inv_freq
         return built
 
