@@ -90,3 +90,109 @@ def check_base(base: float) -> None:
         raise TypeError(f"base must be a number, got {type(base).__name__}")
     if not base > 1.0 or base == float("inf"):
         raise ValueError(f"base must be a finite number > 1 (theta_i = base^(-2i/d)), got {base}")
+
+
+def check_table_pair(cos: object, sin: object) -> None:
+    """cos and sin as one pair of tables: tensors of one shape, dtype and device. The
+    operators' loops read both with cos's sizes, so a shorter sin would be read past its end."""
+    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
+        seen = type(sin if isinstance(cos, torch.Tensor) else cos).__name__
+        raise TypeError(f"cos and sin must be torch.Tensors, got {seen}")
+    if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.device != sin.device:
+        raise ValueError(f"cos and sin must have the same shape, dtype and device, got "
+                         f"{tuple(cos.shape)} {cos.dtype} on {cos.device} and "
+                         f"{tuple(sin.shape)} {sin.dtype} on {sin.device}")
+
+
+def check_index_tensor(name: str, t: object, device: torch.device) -> None:
+    """t is an integer tensor (not bool) on ``device``, the device of the tables it indexes."""
+    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or (
+            t.dtype == torch.bool):
+        seen = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be an integer tensor, got {seen}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the tables are on {device}")
+
+
+def _broadcasts(shape: torch.Size, target: torch.Size, last: int) -> bool:
+    """Whether ``shape[:last]`` broadcasts to ``target[:last]`` (aligned at the end, size 1
+    or equal in every dim, no more dims than the target)."""
+    n = len(shape) + last
+    if n > len(target) + last:
+        return False
+    for j in range(last - 1, last - n - 1, -1):
+        if shape[j] != 1 and shape[j] != target[j]:
+            return False
+    return True
+
+
+def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            rotary_dim: int, out: torch.Tensor | None,
+                            positions: torch.Tensor | None, axes: torch.Tensor | None) -> None:
+    """What the rotation operators (``ropelib::rotate``, ``ropelib::rotate_out`` and, for q
+    and for k, the q-and-k ones) need before their loop runs, so that it reads and writes
+    only inside the tensors it is given: one pair of tables on x's device with (at least)
+    ``rotary_dim // 2`` columns; rows broadcastable to x's rows, or (with ``positions``) 2-D
+    tables, coordinates ``(..., seq, k)`` with x's number of dims broadcastable to x's rows,
+    and one axis per pair (none: k is 1); ``out`` of x's shape, dtype and device."""
+    check_table_pair(cos, sin)
+    shape, table = x.shape, cos.shape
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > shape[-1]:
+        raise ValueError(f"rotary_dim must be a positive even number <= head_dim="
+                         f"{shape[-1]}, got {rotary_dim}")
+    if cos.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}")
+    if not table or table[-1] < rotary_dim // 2:  # the loop reads the first rotary_dim // 2
+        raise ValueError(f"cos/sin must have rotary_dim // 2 = {rotary_dim // 2} columns, got "
+                         f"shape {tuple(table)}")
+    if out is not None and (out.shape != shape or out.dtype != x.dtype
+                            or out.device != x.device):
+        raise ValueError(f"out must have x's shape {tuple(shape)}, dtype {x.dtype} and device "
+                         f"{x.device}, got {tuple(out.shape)}, {out.dtype} on {out.device}")
+    if positions is None:
+        if not _broadcasts(table, shape, -1):
+            raise ValueError(f"cos/sin rows {tuple(table)} do not broadcast to x's rows "
+                             f"{tuple(shape[:-1]) + (rotary_dim // 2,)}")
+        return
+    check_index_tensor("positions", positions, cos.device)
+    if len(table) != 2:
+        raise ValueError(f"with positions, cos/sin must be 2-D tables (table_len, "
+                         f"{rotary_dim // 2}), got {tuple(table)}")
+    if axes is None and positions.shape[-1:] != (1,):
+        raise ValueError(f"positions without axes are one coordinate per token, (..., seq, "
+                         f"1), got {tuple(positions.shape)}")
+    if axes is not None:
+        check_index_tensor("axes", axes, cos.device)
+        if axes.shape != (rotary_dim // 2,):
+            raise ValueError(f"axes must have shape ({rotary_dim // 2},) (one axis per pair), "
+                             f"got {tuple(axes.shape)}")
+    if positions.ndim != x.ndim or positions.shape[-1] < 1 or not _broadcasts(
+            positions.shape, shape, -1):
+        raise ValueError(f"positions must have shape (..., seq, k) with {x.ndim} dims, "
+                         f"broadcastable to x's rows {tuple(shape[:-1])}, got "
+                         f"{tuple(positions.shape)}")
+
+
+@torch.library.custom_op("ropelib::nonnegative", mutates_args=())
+def _nonnegative(positions: torch.Tensor) -> torch.Tensor:
+    """A copy of ``positions`` after checking that none is negative, as an operator:
+    ``torch.jit.trace`` drops ``torch._assert_async`` from its graph, but keeps an operator
+    whose result the graph uses."""
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
+    return positions.clone()
+
+
+@_nonnegative.register_fake
+def _nonnegative_fake(positions: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(positions)
+
+
+def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
+    """``positions``, checked to be >= 0 by the recorded graph when one is being recorded: an
+    assertion under ``torch.compile`` / ``torch.export``, the operator ``ropelib::nonnegative``
+    in its data flow under ``torch.jit.trace`` (which would drop the assertion)."""
+    if torch.jit.is_tracing():
+        return torch.ops.ropelib.nonnegative(positions)
+    torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+    return positions

@@ -9,8 +9,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import as_int, check_count, check_float_tensor, check_int_tensor, check_layout, tracing
+from ._checks import (
+    as_int,
+    check_count,
+    check_float_tensor,
+    check_int_tensor,
+    check_layout,
+    traced_nonnegative,
+    tracing,
+)
 from .masks import prepare_mask
+from .multiaxis import hf_positions_hint
 from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk
 from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
@@ -304,14 +313,16 @@ class StandardAttentionWithRoPE(nn.Module):
             head_dim), or head_dim for ``"proportional"``); a different rotary_dim is an error.
         base, scaling, max_position_embeddings: the built-in ``RotaryEmbedding``, used when
             ``rope_embeddings`` is not passed. ``base`` defaults to the config's
-            ``rope_theta``, else 10000.
+            ``rope_theta``, else 10000; with ``frequencies`` neither base nor scaling is
+            passed (the frequencies hold them).
         layer_type: the key of ``scaling`` to use when it holds one rope config per layer type
             (e.g. ``"sliding_attention"``).
         frequencies: multi-axis RoPE (``ropelib.multiaxis``): a ``(rotary_dim // 2, k)``
             frequency matrix, e.g. ``axis_frequencies(128, [16, 24, 24])`` for Qwen2-VL's
-            M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``.
-            A ``scaling`` config with ``mrope_section`` (Qwen2-VL / Qwen3-VL
-            ``rope_parameters`` as they are, also with YaRN or linear scaling) does the same.
+            M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``,
+            for every k (1 included), like ``RotaryEmbedding(frequencies=...)``. A
+            ``scaling`` config with ``mrope_section`` (Qwen2-VL / Qwen3-VL ``rope_parameters``
+            as they are, also with YaRN or linear scaling) does the same.
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -406,7 +417,8 @@ class StandardAttentionWithRoPE(nn.Module):
             cos, sin = rope_embeddings
         elif self.rotary is None:
             return q, k
-        elif self.rotary.num_axes > 1 and (positions is not None or key_positions is not None):
+        elif self.rotary.frequencies is not None and (positions is not None
+                                                      or key_positions is not None):
             return self._rotate_axes(q, k, positions, key_positions, offset)
         elif tracing() or (q.device.type != "cpu" and not self.rotary.dynamic and (
                 positions is not None or key_positions is not None)):
@@ -445,7 +457,7 @@ class StandardAttentionWithRoPE(nn.Module):
             if pos is None:
                 pos = torch.arange(offset, offset + x.shape[-2], device=x.device)
             else:
-                torch._assert_async((pos >= 0).all(), "positions must be >= 0")
+                pos = traced_nonnegative(pos)
                 if self.rotary.dynamic:
                     torch._assert_async((pos < end).all(), "compiled or traced, a rope type "
                                         "whose frequencies depend on the length takes only "
@@ -468,12 +480,15 @@ class StandardAttentionWithRoPE(nn.Module):
             if p is None:
                 p = (offset + torch.arange(seq, device=x.device))[:, None].expand(
                     seq, self.rotary.num_axes)
+            axes = self.rotary.num_axes
             if not isinstance(p, torch.Tensor) or p.ndim not in (2, 3) or p.shape[-2] != seq or (
-                    p.ndim == 3 and p.shape[0] not in (1, x.shape[0])):
-                seen = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
-                raise ValueError(f"{name} must have shape ({seq}, {self.rotary.num_axes}) or "
-                                 f"(batch, {seq}, {self.rotary.num_axes}) for multi-axis RoPE, "
-                                 f"got {seen}")
+                    p.ndim == 3 and p.shape[0] not in (1, x.shape[0])) or p.shape[-1] != axes:
+                seen = f"{tuple(p.shape)}" + (f" (k = {p.shape[-1]})" if p.ndim >= 2 else "")
+                hint = "; add the axis: positions[..., None]" if axes == 1 and p.ndim < 2 else ""
+                raise ValueError(f"{name} must have shape ({seq}, {axes}) or (batch, {seq}, "
+                                 f"{axes}) for multi-axis RoPE: k = {axes} coordinates per token, "
+                                 f"the columns of frequencies (also when k = 1); got {seen}"
+                                 f"{hint}{hf_positions_hint(axes)}")
             kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
             if self.rotary.pair_axes is not None and not tracing():
                 high = int(p.max()) if p.numel() else -1  # apply_rope checks the rest
@@ -504,10 +519,11 @@ class StandardAttentionWithRoPE(nn.Module):
                 this takes the explicit path instead of ``scaled_dot_product_attention``.
             is_causal: causal mask, lower-right aligned when Nq < Nk.
             positions: query positions ``(Nq,)`` or ``(B, Nq)``; default offset + 0..Nq-1.
-                With multi-axis ``frequencies``: ``(Nq, k)`` or ``(B, Nq, k)``, default the
-                diagonal (offset + 0..Nq-1 on every axis: text); with a ``KVCache`` and no
-                ``offset``, the diagonal from each row's ``kv_cache.next_position`` (its
-                largest coordinate so far + 1, as Qwen2-VL decodes after an image).
+                With multi-axis ``frequencies`` of k columns: ``(Nq, k)`` or ``(B, Nq, k)``,
+                k = 1 included (a wrong k is an error), default the diagonal (offset +
+                0..Nq-1 on every axis: text); with a ``KVCache`` and no ``offset``, the
+                diagonal from each row's ``kv_cache.next_position`` (its largest coordinate
+                so far + 1, as Qwen2-VL decodes after an image).
             key_positions: key positions; default ``positions`` when Nk == Nq, else
                 offset + 0..Nk-1.
             offset: first position; default the cache length (0 without a cache).

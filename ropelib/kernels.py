@@ -43,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
+from ._checks import check_rotation_operands
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -67,7 +68,12 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             with as many dims as x and broadcastable to its rows: pair i of a row reads the
             table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
         axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
+
+    The arguments are checked before the loop runs (``check_rotation_operands``): a table
+    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes``
+    is a ValueError, never a read past a tensor.
     """
+    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
     return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
 
 
@@ -75,6 +81,7 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
 def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                  axes: torch.Tensor | None = None) -> torch.Tensor:
+    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -84,6 +91,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
                    axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
     x itself, or memory that shares no element with x)."""
+    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
     _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
 
 
@@ -91,7 +99,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
 def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                      rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
                      axes: torch.Tensor | None = None) -> None:
-    return None
+    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -126,9 +134,16 @@ def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
     heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
     (one read of the table rows for both): two new contiguous tensors."""
+    _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                positions, axes)
     return q_out, k_out
+
+
+def _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes) -> None:
+    """``check_rotation_operands`` of q and of k."""
+    check_rotation_operands(q, cos, sin, rotary_dim, q_out, positions, axes)
+    check_rotation_operands(k, cos, sin, rotary_dim, k_out, positions, axes)
 
 
 @_rotate_qk_op.register_fake
@@ -136,6 +151,7 @@ def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     layout: str, rotary_dim: int, inverse: bool = False,
                     positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format))
 
@@ -147,6 +163,7 @@ def _rotate_qk_out_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
                       axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate_qk`` written into ``q_out`` and ``k_out`` (each its tensor itself, or
     memory that shares no element with q, k, the other destination or the tables)."""
+    _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes)
     _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes)
 
 
@@ -155,7 +172,7 @@ def _rotate_qk_out_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
                         layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
                         positions: torch.Tensor | None = None,
                         axes: torch.Tensor | None = None) -> None:
-    return None
+    _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

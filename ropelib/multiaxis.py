@@ -35,11 +35,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from . import native
-from ._checks import check_base, check_even_positive
+from ._checks import (
+    as_int,
+    check_base,
+    check_count,
+    check_even_positive,
+    check_index_tensor,
+    check_table_pair,
+)
 from .eager import gather_rows
 from .kernels import plain_call
 from .scaling import default_frequencies
@@ -52,36 +60,40 @@ __all__ = ["ORDERS", "SPECTRA", "RoPEMixed", "axis_frequencies", "axis_of_pairs"
            "mrope_positions"]
 
 
-def _check_sections(head_dim: int, sections: Sequence[int]) -> tuple[int, ...]:
-    check_even_positive("head_dim", head_dim)
+def _check_sections(head_dim: int, sections: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    """head_dim and sections as ints (NumPy and 0-d tensor integers accepted), checked."""
+    head_dim = check_even_positive("head_dim", head_dim)
+    if isinstance(sections, (torch.Tensor, np.ndarray)) and sections.ndim == 1:
+        sections = sections.tolist()
     if isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence):
         raise TypeError(f"sections must be a sequence of ints (pairs per axis), e.g. [16, 24, 24], "
                         f"got {type(sections).__name__}")
-    values = tuple(sections)
-    if not values or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in values):
+    values = tuple(as_int(s) for s in sections)
+    if not values or any(s is None or s < 1 for s in values):
         raise ValueError(f"sections must be a non-empty list of positive ints (pairs per axis), "
-                         f"got {list(values)}")
+                         f"got {list(sections)}")
     if sum(values) != head_dim // 2:
         raise ValueError(f"sections must sum to head_dim // 2 = {head_dim // 2} (every pair "
                          f"belongs to one axis), got {list(values)} (sum {sum(values)})")
-    return values
+    return head_dim, values
 
 
 def axis_of_pairs(head_dim: int, sections: Sequence[int], order: str = "chunked") -> torch.Tensor:
-    """The axis each pair belongs to, int64 ``(head_dim // 2,)``.
+    """The axis each pair belongs to, int64 ``(head_dim // 2,)`` on the CPU (whatever the
+    default device: also under ``torch.device("meta")``).
 
     ``"chunked"`` (Qwen2-VL): the first ``sections[0]`` pairs go to axis 0, the next
     ``sections[1]`` to axis 1, and so on. ``"interleaved"`` (Qwen3-VL): with k axes, axis
     a >= 1 takes pairs a, a + k, a + 2k, ... below k * sections[a], and axis 0 the rest.
     """
-    sections = _check_sections(head_dim, sections)
+    head_dim, sections = _check_sections(head_dim, sections)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     half, k = head_dim // 2, len(sections)
-    counts = torch.tensor(sections)
     if order == "chunked":
-        return torch.repeat_interleave(torch.arange(k), counts)
-    axes = torch.zeros(half, dtype=torch.int64)
+        return torch.cat([torch.full((s,), a, dtype=torch.int64, device="cpu")
+                          for a, s in enumerate(sections)])
+    axes = torch.zeros(half, dtype=torch.int64, device="cpu")
     for a in range(1, k):
         last = a + k * (sections[a] - 1)
         if last >= half:
@@ -109,22 +121,25 @@ def axis_frequencies(head_dim: int, sections: Sequence[int], *, base: float = 10
             (see ``axis_of_pairs``).
 
     Returns:
-        W with ``W[i, axis_of_pairs(...)[i]]`` the frequency of pair i and zeros elsewhere.
+        W with ``W[i, axis_of_pairs(...)[i]]`` the frequency of pair i and zeros elsewhere, on
+        the CPU whatever the default device: a configuration's numbers, which a module built
+        under ``torch.device("meta")`` keeps (as ``RotaryEmbedding`` keeps its base).
     """
     check_base(base)
     if spectrum not in SPECTRA:
         raise ValueError(f"spectrum must be one of {SPECTRA}, got {spectrum!r}")
     axes = axis_of_pairs(head_dim, sections, order)
-    sections = tuple(sections)
+    head_dim, sections = _check_sections(head_dim, sections)
     half = head_dim // 2
-    if spectrum == "shared":
-        inv_freq = default_frequencies(head_dim, base)
-    else:
-        inv_freq = torch.empty(half, dtype=torch.float64)
-        for a, s in enumerate(sections):
-            inv_freq[axes == a] = default_frequencies(2 * s, base)
-    W = torch.zeros(half, len(sections), dtype=torch.float64)
-    W[torch.arange(half), axes] = inv_freq
+    with torch.device("cpu"):
+        if spectrum == "shared":
+            inv_freq = default_frequencies(head_dim, base)
+        else:
+            inv_freq = torch.empty(half, dtype=torch.float64)
+            for a, s in enumerate(sections):
+                inv_freq[axes == a] = default_frequencies(2 * s, base)
+        W = torch.zeros(half, len(sections), dtype=torch.float64)
+        W[torch.arange(half), axes] = inv_freq
     return W
 
 
@@ -158,9 +173,21 @@ def check_axis_positions(positions: object, num_axes: int, *, integer: bool = Fa
         kind = "integer" if integer else "integer or floating-point"
         raise TypeError(f"positions must hold {kind} coordinates, got dtype {positions.dtype}")
     if positions.ndim < 2 or positions.shape[-1] != num_axes:
+        seen = f" (k = {positions.shape[-1]})" if positions.ndim >= 2 else ""
         raise ValueError(f"positions must have shape (..., seq, k) with k = {num_axes} axes (the "
-                         f"columns of frequencies), got {tuple(positions.shape)}")
+                         f"columns of frequencies), got {tuple(positions.shape)}{seen}"
+                         f"{hf_positions_hint(num_axes)}")
     return positions
+
+
+def hf_positions_hint(num_axes: int) -> str:
+    """How to pass transformers' M-RoPE position ids, for an error message (k = 3 only)."""
+    if num_axes != 3:
+        return ""
+    return ("; transformers' Qwen2-VL / Qwen3-VL position_ids are (3, batch, seq) rows (t, h, "
+            "w), or (4, batch, seq) with the text positions (used for the mask, not rotated) "
+            "in row 0: pass position_ids[-3:].permute(1, 2, 0), the last three rows as "
+            "(batch, seq, 3)")
 
 
 def axis_tables(positions: torch.Tensor, frequencies: torch.Tensor, *,
@@ -201,8 +228,28 @@ def _axis_rows_op(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 @_axis_rows_op.register_fake
 def _axis_rows_fake(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                     pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_axis_rows(cos, sin, positions, pair_axes)
     shape = positions.shape[:-1] + cos.shape[1:]
     return cos.new_empty(shape), sin.new_empty(shape)
+
+
+def _check_axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                     pair_axes: torch.Tensor) -> None:
+    """What ``axis_rows``' loop needs before it runs, so that it reads only inside the tensors
+    it is given: one pair of 2-D tables, integer coordinates ``(..., seq, k)`` and one axis
+    per column, all on the tables' device (the loop checks each index against the table)."""
+    check_table_pair(cos, sin)
+    if cos.ndim != 2:
+        raise ValueError(f"cos/sin must be 2-D tables (table_len, pairs), got "
+                         f"{tuple(cos.shape)}")
+    check_index_tensor("positions", positions, cos.device)
+    check_index_tensor("pair_axes", pair_axes, cos.device)
+    if positions.ndim < 2 or positions.shape[-1] < 1:
+        raise ValueError(f"positions must have shape (..., seq, k), got "
+                         f"{tuple(positions.shape)}")
+    if tuple(pair_axes.shape) != (cos.shape[1],):
+        raise ValueError(f"pair_axes must have shape ({cos.shape[1]},) (one axis per column "
+                         f"of the tables), got {tuple(pair_axes.shape)}")
 
 
 def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -213,14 +260,16 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 
     Args:
         cos, sin: ``(table_len, pairs)`` tables of the diagonal (row m: angles m * theta_i).
-        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``, on the tables'
-            device (out of range: a ValueError on the CPU, torch's index error elsewhere).
-        pair_axes: ``(pairs,)`` int32 or int64, the axis of each pair (``axis_of_pairs``).
+        positions: ``(..., seq, k)`` integer coordinates in ``[0, table_len)``, on the
+            tables' device (out of range: a ValueError on the CPU, torch's index error
+            elsewhere).
+        pair_axes: ``(pairs,)`` integer, the axis of each pair (``axis_of_pairs``).
 
     Returns:
         ``(cos, sin)`` rows, each ``(..., seq, pairs)``. On the CPU one compiled loop
         (``ropelib.native``); elsewhere a gather. Registered as the operator
-        ``ropelib::axis_rows``.
+        ``ropelib::axis_rows``, which checks its arguments before the loop runs: cos and sin
+        of one shape, dtype and device (a ValueError otherwise), the shapes and devices above.
     """
     if plain_call(cos, sin, positions, pair_axes):
         return _axis_rows_plain(cos, sin, positions, pair_axes)
@@ -229,6 +278,8 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
 
 def _axis_rows_plain(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                      pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_axis_rows(cos, sin, positions, pair_axes)
+    positions = positions.long()  # the loop reads int64 (int32 would be read two at a time)
     if not native.supports_axis_rows(cos, sin):
         return gather_rows(cos, sin, positions, pair_axes.long())
     rows = native.axis_rows(cos, sin, positions.reshape(-1, positions.shape[-1]),
@@ -268,21 +319,34 @@ class RoPEMixed(nn.Module):
     def __init__(self, head_dim: int, num_heads: int = 1, *, base: float = 10.0,
                  rotate: bool = True, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        check_even_positive("head_dim", head_dim)
+        head_dim = check_even_positive("head_dim", head_dim)
         if head_dim % 4:
             raise ValueError(f"head_dim must be a multiple of 4 (two axes of d/4 pairs), got "
                              f"{head_dim}")
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
-        quarter = head_dim // 4
-        axial = axis_frequencies(head_dim, [quarter, quarter], base=base, spectrum="per_axis")
-        phi = (torch.rand(num_heads, 1, generator=generator, dtype=torch.float64) * 2 * math.pi
-               if rotate else torch.zeros(num_heads, 1, dtype=torch.float64))
-        # each head's axial directions turned by its phi (measured from axis 0, y; the paper
-        # measures from x, which only relabels uniformly random directions)
-        c, s = torch.cos(phi), torch.sin(phi)
-        W = torch.stack([axial[:, 0] * c - axial[:, 1] * s, axial[:, 0] * s + axial[:, 1] * c], -1)
-        self.frequencies = nn.Parameter(W.to(torch.get_default_dtype()))
+        num_heads = check_count("num_heads", num_heads)
+        check_base(base)
+        self.head_dim, self.num_heads, self.base, self.rotate = head_dim, num_heads, base, rotate
+        self.frequencies = nn.Parameter(torch.empty(num_heads, head_dim // 2, 2))
+        self.reset_parameters(generator)
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """The paper's initialization of W (a new random direction per head with ``rotate``),
+        computed on the CPU and copied into the parameter (nothing is computed on the meta
+        device: build there, then ``to_empty()`` and this, or ``load_state_dict``)."""
+        quarter = self.head_dim // 4
+        with torch.device("cpu"):
+            axial = axis_frequencies(self.head_dim, [quarter, quarter], base=self.base,
+                                     spectrum="per_axis")
+            phi = (torch.rand(self.num_heads, 1, generator=generator, dtype=torch.float64)
+                   * 2 * math.pi if self.rotate
+                   else torch.zeros(self.num_heads, 1, dtype=torch.float64))
+            # each head's axial directions turned by its phi (measured from axis 0, y; the
+            # paper measures from x, which only relabels uniformly random directions)
+            c, s = torch.cos(phi), torch.sin(phi)
+            W = torch.stack([axial[:, 0] * c - axial[:, 1] * s,
+                             axial[:, 0] * s + axial[:, 1] * c], -1)
+        with torch.no_grad():
+            self.frequencies.copy_(W)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_axis_positions(positions, 2)
@@ -297,13 +361,16 @@ class RoPEMixed(nn.Module):
 
 
 def _grid(grid: object, merge: int) -> tuple[int, int, int]:
-    if (not isinstance(grid, (tuple, list)) or len(grid) != 3
-            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in grid)):
+    """A (t, h, w) grid as ints: a tuple or list of ints, or a row of ``image_grid_thw``."""
+    values = (grid.tolist() if isinstance(grid, (torch.Tensor, np.ndarray)) and grid.ndim == 1
+              else grid)
+    sizes = [as_int(n) for n in values] if isinstance(values, (tuple, list)) else []
+    if len(sizes) != 3 or any(n is None or n < 1 for n in sizes):
         raise ValueError(f"a vision segment must be a (t, h, w) tuple of positive ints, got "
                          f"{grid!r}")
-    t, h, w = grid
+    t, h, w = sizes
     if h % merge or w % merge:
-        raise ValueError(f"grid (t, h, w) = {tuple(grid)}: h and w must be multiples of "
+        raise ValueError(f"grid (t, h, w) = {(t, h, w)}: h and w must be multiples of "
                          f"spatial_merge_size={merge}")
     return t, h // merge, w // merge
 
@@ -318,9 +385,10 @@ def mrope_positions(segments: Sequence[int | tuple[int, int, int]], *,
     it continues from the grid's largest position + 1.
 
     Args:
-        segments: in sequence order, an int n (n text tokens) or a ``(t, h, w)`` patch grid of
-            an image (t = 1) or a video, as in Hugging Face's ``image_grid_thw`` /
-            ``video_grid_thw`` (before the merge).
+        segments: in sequence order, an int n (n text tokens; a NumPy or 0-d tensor integer
+            too) or a ``(t, h, w)`` patch grid of an image (t = 1) or a video, as in Hugging
+            Face's ``image_grid_thw`` / ``video_grid_thw`` (before the merge; a tuple, a list
+            or one row of those tensors).
         spatial_merge_size: the vision tower merges ``m x m`` patches into one token
             (Qwen2-VL: 2), so a grid brings t * (h / m) * (w / m) tokens.
 
@@ -331,15 +399,15 @@ def mrope_positions(segments: Sequence[int | tuple[int, int, int]], *,
     1". transformers 5.x advances by max(H, W) after a grid instead; the two agree unless a
     video has more frames T than H and W.
     """
-    if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or (
-            spatial_merge_size < 1):
-        raise ValueError(f"spatial_merge_size must be a positive int, got {spatial_merge_size!r}")
+    spatial_merge_size = check_count("spatial_merge_size", spatial_merge_size)
     if isinstance(segments, (str, bytes)) or not isinstance(segments, Sequence):
         raise TypeError(f"segments must be a sequence of text lengths and (t, h, w) grids, got "
                         f"{type(segments).__name__}")
     parts, start = [torch.zeros(0, 3, dtype=torch.int64)], 0
     for segment in segments:
-        if isinstance(segment, int) and not isinstance(segment, bool):
+        length = as_int(segment)
+        if length is not None:
+            segment = length
             if segment < 0:
                 raise ValueError(f"a text segment must be a length >= 0, got {segment}")
             parts.append((start + torch.arange(segment))[:, None].expand(-1, 3))

@@ -27,7 +27,14 @@ import torch
 from torch.autograd import forward_ad
 
 from . import distributed, eager, kernels
-from ._checks import as_int, check_float_tensor, check_int_tensor, check_layout, tracing
+from ._checks import (
+    as_int,
+    check_float_tensor,
+    check_int_tensor,
+    check_layout,
+    traced_nonnegative,
+    tracing,
+)
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
@@ -44,7 +51,7 @@ def apply_rope(
     Args:
         x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``; floating point.
         cos, sin: tables ``(table_len, rotary_dim // 2)`` from ``generate_rope_embeddings``
-            or ``RotaryEmbedding``, in any float dtype (cast to ``x.dtype`` here); or rows
+            or ``RotaryEmbedding``, both of one float dtype (cast to ``x.dtype`` here); or rows
             already gathered, with as many dims as x and broadcastable to
             ``(..., seq, rotary_dim // 2)``.
         layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
@@ -201,6 +208,9 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
+    if cos.dtype != sin.dtype:
+        raise ValueError(f"cos and sin must have the same dtype, got {cos.dtype} and "
+                         f"{sin.dtype}; convert one, e.g. sin.to(cos.dtype)")
     if cos.ndim < 2 or cos.shape[-1] != rd // 2:
         hint = "" if rotary_dim is not None or cos.ndim < 2 else (
             f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
@@ -318,9 +328,9 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     k = positions.shape[-1]
-    if tracing():  # checked on the tensors: no data-dependent branch in the graph
+    if tracing() or positions.device.type != "cpu":  # no data-dependent branch, no wait
         torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
-        torch._assert_async((positions >= 0).all(), "positions must be >= 0")
+        positions = traced_nonnegative(positions)
         if short_table == "raise":
             torch._assert_async((positions < table_len).all(),
                                 "positions must be < the cos/sin table length")
@@ -384,6 +394,8 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     if tracing() or positions.device.type != "cpu":  # no data-dependent branch, no wait
+        if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
+            positions = traced_nonnegative(positions)
         within = positions >= 0
         if short_table == "raise":
             within &= positions < table_len

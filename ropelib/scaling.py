@@ -209,7 +209,7 @@ def _validated(config: Mapping | None) -> tuple[str, dict]:
     if kind == "longrope":
         for key in ("short_factor", "long_factor"):
             values = params[key]
-            if isinstance(values, torch.Tensor):
+            if isinstance(values, (torch.Tensor, np.ndarray)):  # as transformers accepts
                 values = values.tolist()
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
                 raise ValueError(f"scaling['{key}'] must be a list of numbers, one stretch factor "

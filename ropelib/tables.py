@@ -10,12 +10,20 @@ from 257 on.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from ._checks import check_count, check_even_positive, check_int_tensor, tracing
+from ._checks import (
+    check_count,
+    check_even_positive,
+    check_int_tensor,
+    traced_nonnegative,
+    tracing,
+)
 from .multiaxis import (
     axis_of_pairs,
     axis_rows,
@@ -34,6 +42,8 @@ from .scaling import (
 )
 
 _TABLE_DTYPES = (torch.float32, torch.float64)
+# Held only to compare and swap a module's published cache (never while tables are computed).
+_PUBLISH = threading.Lock()
 
 
 def rope_frequencies(
@@ -131,6 +141,14 @@ def generate_rope_embeddings(
     return _angles_to_tables(positions, inv_freq, factor, device, dtype)
 
 
+class _Cache(NamedTuple):
+    """A module's cos/sin cache, published as one unit: a reader takes all of it at once."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    scaled_for: int | None  # the length the frequencies are for (None: the unscaled ones)
+
+
 class RotaryEmbedding(nn.Module):
     """Holds theta_i and a cos/sin cache that grows on demand.
 
@@ -177,18 +195,22 @@ class RotaryEmbedding(nn.Module):
         layer_type: the key of ``scaling`` to use when it holds one config per layer type
             (e.g. ``"full_attention"``).
         frequencies: optional multi-axis frequency matrix ``(dim // 2, k)``, e.g.
-            ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling.
+            ``axis_frequencies(128, [16, 24, 24])`` (M-RoPE); it replaces base and scaling
+            (passing either with it is a ValueError, and ``base`` is then None).
 
     ``dynamic`` says whether the frequencies depend on the length
     (``ropelib.scaling.depends_on_length(scaling)``). ``pair_axes``: with multi-axis
     frequencies in which every pair follows one axis (M-RoPE), that axis per pair, int64
     ``(dim // 2,)`` (``apply_rope(..., axes=)``: rows read from ``tables()``); else None.
 
-    Buffers (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32, ``cos_cached``
-    and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after ``double()``), the
-    dtype and layout the kernel reads; pairs = ``rotated_dim(dim, scaling) // 2``. They
-    belong to the module: they are rebuilt when the cache grows, after ``to()`` /
-    ``to_empty()`` and by ``reset_parameters()``.
+    Buffer (not saved in state dicts): ``inv_freq`` ``(pairs,)`` float32. The cache,
+    ``cos_cached`` and ``sin_cached`` ``(cached_len, pairs)`` float32 (float64 after
+    ``double()``), is the dtype and layout the kernel reads; pairs =
+    ``rotated_dim(dim, scaling) // 2``. It belongs to the module: it is rebuilt when it
+    grows, after ``to()`` / ``to_empty()`` and by ``reset_parameters()``. Threads may share a
+    module: both tables are published as one unit (a reader never sees the cos of one build
+    with the sin of another), and a cache whose frequencies do not depend on the length never
+    shrinks (a slower, smaller build started before a bigger one is not published).
     """
 
     def __init__(self, dim: int, base: float | None = None, *, scaling: Mapping | None = None,
@@ -202,11 +224,16 @@ class RotaryEmbedding(nn.Module):
         if self.frequencies is not None and scaling is not None:
             raise ValueError(f"pass either frequencies (multi-axis) or scaling, not both; got "
                              f"scaling={dict(scaling)!r}")
+        if self.frequencies is not None and base is not None:
+            raise ValueError(f"pass either frequencies (multi-axis) or base, not both; got "
+                             f"base={base!r}. The frequencies already hold the base: build them "
+                             "with it, e.g. axis_frequencies(dim, sections, base=...)")
         if max_position_embeddings is not None:
             max_position_embeddings = check_count("max_position_embeddings",
                                                   max_position_embeddings, extra=" or None")
         scaling = layer_parameters(scaling, layer_type)
-        self.dim, self.base, self.scaling = dim, rope_base(base, scaling), scaling
+        self.dim, self.scaling = dim, scaling
+        self.base = None if self.frequencies is not None else rope_base(base, scaling)
         self.max_position_embeddings = max_position_embeddings
         self.dynamic = depends_on_length(scaling)
         # every check on the config's numbers runs here, never in a compiled graph
@@ -222,12 +249,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
                                                                    dtype=torch.float32),
                              persistent=False)
-        empty = torch.empty(0, self.inv_freq.shape[0], device=device)
-        self.register_buffer("cos_cached", empty, persistent=False)
-        self.register_buffer("sin_cached", empty.clone(), persistent=False)
-        self._scaled_for: int | None = None
-        self._table_dtype = torch.float32  # of cos_cached and sin_cached, read without them
-        self._build(max_position_embeddings or 2048)
+        self._cache: _Cache | None = None
+        self._table_dtype = torch.float32  # of the cached tables, read without them
+        # the tables' device: ``device``, else the default one (meta under torch.device("meta"))
+        self._build(max_position_embeddings or 2048, device=torch.empty(0, device=device).device)
+
+    @property
+    def cos_cached(self) -> torch.Tensor:
+        """The cached cos table ``(cached_len, pairs)``."""
+        return self._cache.cos
+
+    @property
+    def sin_cached(self) -> torch.Tensor:
+        """The cached sin table ``(cached_len, pairs)``."""
+        return self._cache.sin
 
     def _axis_matrix(self, sections: tuple[int, ...], order: str
                      ) -> tuple[torch.Tensor, float]:
@@ -253,7 +288,7 @@ class RotaryEmbedding(nn.Module):
 
     @property
     def cached_len(self) -> int:
-        return self.cos_cached.shape[0]
+        return self._cache.cos.shape[0]
 
     @property
     def num_axes(self) -> int:
@@ -269,22 +304,30 @@ class RotaryEmbedding(nn.Module):
         return self._schedule(freq_len)
 
     def _build(self, length: int, freq_len: int | None = None,
-               device: torch.device | None = None) -> None:
+               device: torch.device | None = None) -> _Cache:
         """New tables for positions ``0 .. length - 1`` (frequencies for ``freq_len``, the
-        length dynamic NTK and LongRoPE see) on ``device`` (default: where the tables are), in float64 if
-        they are float64 (``double()``) and float32 otherwise.
+        length dynamic NTK and LongRoPE see) on ``device`` (default: where the tables are), in
+        float64 if they are float64 (``double()``) and float32 otherwise; returned, and
+        published as the module's cache unless that would shrink a cache whose frequencies do
+        not depend on the length (another thread grew it meanwhile).
         They are ordinary tensors even inside ``torch.inference_mode()`` (decoding there grows
         the cache), so the module trains afterwards."""
-        device = self.cos_cached.device if device is None else device
-        dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
-        self._table_dtype = dtype
+        current = self._cache
+        device = current.cos.device if device is None else device
+        dtype = torch.float64 if current is not None and current.cos.dtype == torch.float64 \
+            else torch.float32
         with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
             inv_freq, factor = self._frequencies(freq_len)
             positions = torch.arange(length, dtype=torch.float64)
-            self.cos_cached, self.sin_cached = _angles_to_tables(positions, inv_freq, factor,
-                                                                 device, dtype)
-            self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
-        self._scaled_for = freq_len
+            built = _Cache(*_angles_to_tables(positions, inv_freq, factor, device, dtype),
+                           freq_len)
+            inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+        with _PUBLISH:
+            current = self._cache
+            if (current is None or self.dynamic or length >= current.cos.shape[0]
+                    or current.cos.device != built.cos.device or current.cos.dtype != dtype):
+                self._cache, self._table_dtype, self.inv_freq = built, dtype, inv_freq
+        return built
 
     def reset_parameters(self) -> None:
         """Recompute theta_i and the tables (same length and device), e.g. after construction
@@ -292,33 +335,38 @@ class RotaryEmbedding(nn.Module):
         like call it. The tables are float64 after ``double()`` and float32 otherwise (angles
         need the precision: ``half()`` does not make them half), and nothing is computed on
         the meta device."""
-        if not self.cos_cached.is_meta:
-            self._build(self.cached_len, self._scaled_for)
+        if not self._cache.cos.is_meta:
+            self._build(self.cached_len, self._cache.scaled_for)
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
+        cache = self._cache
+        self._cache = _Cache(fn(cache.cos), fn(cache.sin), cache.scaled_for)
         self.reset_parameters()
         return self
 
-    def _ensure(self, length: int) -> None:
+    def _ensure(self, length: int) -> _Cache:
+        """A cache that covers ``length`` positions with the frequencies of that length: the
+        published one, or one built for it (and published)."""
+        cache = self._cache
+        cached_len, scaled_for = cache.cos.shape[0], cache.scaled_for
         if not self.dynamic:
-            if length > self.cached_len:
-                self._build(max(length, 2 * self.cached_len))
-            return
+            return self._build(max(length, 2 * cached_len)) if length > cached_len else cache
         original = self._schedule.trained_length
         if rope_type(self.scaling) == "longrope":  # the long factors above the trained length
             long = length > original
-            if long != (self._scaled_for is not None):
-                self._build(max(length, self.cached_len), freq_len=length if long else None)
-            elif length > self.cached_len:
-                self._build(max(length, 2 * self.cached_len), self._scaled_for)
-            return
-        if length > original and length > (self._scaled_for or original):
-            self._build(length, freq_len=length)
-        elif length <= original and self._scaled_for is not None:
-            self._build(max(self.cached_len, original))
-        elif length > self.cached_len:
-            self._build(length)
+            if long != (scaled_for is not None):
+                return self._build(max(length, cached_len), freq_len=length if long else None)
+            if length > cached_len:
+                return self._build(max(length, 2 * cached_len), scaled_for)
+            return cache
+        if length > original and length > (scaled_for or original):
+            return self._build(length, freq_len=length)
+        if length <= original and scaled_for is not None:
+            return self._build(max(cached_len, original))
+        if length > cached_len:
+            return self._build(length)
+        return cache
 
     def tables(self, length: int, device: torch.device | str | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,10 +381,11 @@ class RotaryEmbedding(nn.Module):
             device = self.inv_freq.device if device is None else device
             return self.traced_rows(torch.arange(length, device=device), length)
         length = check_count("length", length, zero=True)
-        if device is not None and self.cos_cached.is_meta and torch.device(device).type != "meta":
-            self._build(self.cached_len, self._scaled_for, torch.device(device))
-        self._ensure(length)
-        return self.cos_cached, self.sin_cached
+        cache = self._cache
+        if device is not None and cache.cos.is_meta and torch.device(device).type != "meta":
+            self._build(cache.cos.shape[0], cache.scaled_for, torch.device(device))
+        cache = self._ensure(length)
+        return cache.cos, cache.sin
 
     def forward(self, seq_len: int | None = None, *, positions: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,11 +409,11 @@ class RotaryEmbedding(nn.Module):
                                  "that depend on the length max(positions) + 1, which a traced "
                                  "graph cannot read from the data; call forward(seq_len) or "
                                  "traced_rows(positions, length)")
-            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
-            return self.traced_rows(positions, None)
+            return self.traced_rows(traced_nonnegative(positions), None)
         if positions.numel() and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
-        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
+        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0,
+                               positions.device)
         index = positions.to(cos.device)
         return cos[index], sin[index]
 
@@ -385,7 +434,8 @@ class RotaryEmbedding(nn.Module):
                                  "torch.compile, which check the length")
             freq_len = int(length)
         inv_freq, factor = self._frequencies(freq_len)
-        if freq_len is None and self.frequencies is None:  # fixed: kept on the device
+        if (freq_len is None and self.frequencies is None and not tracing()
+                and positions.device.type != "cpu"):  # fixed frequencies: kept on the GPU
             inv_freq = self._on_device(inv_freq, positions.device)
         return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
                                  positions.device, self._table_dtype)
@@ -402,17 +452,20 @@ class RotaryEmbedding(nn.Module):
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
         if tracing():  # computed in the graph, as traced_rows does for 1D positions
-            torch._assert_async((positions >= 0).all(), "positions must be >= 0")
-            return self._scaled(*axis_tables(positions, self.frequencies,
+            return self._scaled(*axis_tables(traced_nonnegative(positions), self.frequencies,
                                              dtype=self._table_dtype))
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0:
             raise ValueError(f"positions must be >= 0, got min {low}")
+        # where the tables are; on the positions' device while they are still on the meta one
+        # (after load_state_dict(..., assign=True), which does not load them)
+        device = self._cache.cos.device
+        if device.type == "meta":
+            device = positions.device
         if self.pair_axes is None:  # pairs turning with several axes: computed
-            dtype = torch.float64 if self.cos_cached.dtype == torch.float64 else torch.float32
-            return self._scaled(*axis_tables(positions.to(self.cos_cached.device),
-                                             self.frequencies, dtype=dtype))
-        cos, sin = self.tables(high + 1)
+            return self._scaled(*axis_tables(positions.to(device), self.frequencies,
+                                             dtype=self._table_dtype))
+        cos, sin = self.tables(high + 1, device)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),
                          self.pair_axes.to(cos.device))
 
