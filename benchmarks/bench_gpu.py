@@ -300,6 +300,49 @@ def decode_table() -> None:
         print(f"{name:<36}{statistics.median(samples):15.1f}{replay}")
 
 
+def module_decode_table() -> None:
+    """One decode step of the attention module (width 4096, GQA 32/8, bf16) for 64 rows at
+    their own positions, over a KVCache of 4096 slots (``cache_position``): eager wall time
+    per step, and replay time of the step captured in a CUDA graph."""
+    from ropelib import KVCache, StandardAttentionWithRoPE
+
+    dtype, width, rows, capacity = torch.bfloat16, 4096, DECODE_ROWS, 4096
+    attn = StandardAttentionWithRoPE(width, 32, num_kv_heads=8, bias=False, layout="half",
+                                     device="cuda", dtype=dtype).eval()
+    results = {}
+    for rope in (True, False):
+        module = attn if rope else StandardAttentionWithRoPE(
+            width, 32, num_kv_heads=8, bias=False, layout="half", rope=False, device="cuda",
+            dtype=dtype).eval()
+        cache = KVCache(capacity=capacity)
+        x = torch.randn(rows, 1, width, device="cuda", dtype=dtype)
+        positions = torch.randint(0, capacity, (rows, 1), device="cuda")
+        slot = torch.tensor(capacity // 2, device="cuda")
+
+        def step(module=module, cache=cache, x=x, positions=positions, slot=slot):
+            return module(x, x, x, kv_cache=cache, positions=positions, cache_position=slot)
+
+        with torch.no_grad():
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(100):
+                step()
+            torch.cuda.synchronize()
+            eager = (time.perf_counter() - start) / 100 * 1e6
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            replay = median_ms(graph.replay) * 1e3
+        results["with RoPE" if rope else "without RoPE"] = (eager, replay)
+    print(f"\nattention module decode step, {rows} rows, width {width}, GQA 32/8, {dtype}, "
+          f"cache of {capacity} slots (cache_position)")
+    print(f"{'module':<36}{'eager us/step':>15}{'graph replay us':>17}")
+    for name, (eager, replay) in results.items():
+        print(f"{name:<36}{eager:15.1f}{replay:17.1f}")
+
+
 def attention_table() -> None:
     """The attention layer forward (4096 wide, GQA 32/8, causal, 4096 tokens, bf16, no
     grad): ropelib's module with and without RoPE on the same weights, compiled, and Hugging
@@ -389,7 +432,8 @@ def main() -> None:
     steps = [functools.partial(single_tensor_tables, torch.bfloat16),
              functools.partial(single_tensor_tables, torch.float32),
              functools.partial(qk_table, torch.bfloat16), mrope_table, backward_table,
-             decode_table, attention_table] + ([sweep] if args.sweep else [])
+             decode_table, module_decode_table, attention_table] + (
+                 [sweep] if args.sweep else [])
     for step in steps:
         try:
             step()
