@@ -108,9 +108,12 @@ def _check_float_mask(attn_mask: torch.Tensor) -> None:
     assertion on the device on a GPU and in the graph under a compiler or tracer."""
     posinf_help = ("attn_mask contains +inf: a score plus inf is inf, and the softmax of a "
                    "row holding inf is NaN. Use 0 to keep a key and -inf to mask it")
-    if _on_device(attn_mask):
-        torch._assert_async(~torch.isnan(attn_mask).any(), NAN_MASK_HELP)
-        torch._assert_async(~torch.isposinf(attn_mask).any(), posinf_help)
+    if _on_device(attn_mask):  # a device assert takes a short message (under 255 bytes)
+        torch._assert_async(~torch.isnan(attn_mask).any(), "attn_mask contains NaN (0 * -inf "
+                            "of the pad_mask * -inf recipe): pass the boolean pad_mask "
+                            "(ropelib.masks.NAN_MASK_HELP)")
+        torch._assert_async(~torch.isposinf(attn_mask).any(),
+                            "attn_mask contains +inf: use 0 to keep a key, -inf to mask it")
         return
     if torch.isnan(attn_mask).any():
         raise ValueError(NAN_MASK_HELP)

@@ -316,10 +316,13 @@ class RotaryEmbedding(nn.Module):
         device = current.cos.device if device is None else device
         dtype = torch.float64 if current is not None and current.cos.dtype == torch.float64 \
             else torch.float32
-        with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
+        # computed on the CPU, then moved; on a GPU computed there as the rows of given
+        # positions are (traced_rows), so that both give the same numbers bit for bit
+        on = device if device.type not in ("cpu", "meta") else torch.device("cpu")
+        with torch.inference_mode(False), torch.device("cpu"):
             inv_freq, factor = self._frequencies(freq_len)
-            positions = torch.arange(length, dtype=torch.float64)
-            built = _Cache(*_angles_to_tables(positions, inv_freq, factor, device, dtype),
+            positions = torch.arange(length, dtype=torch.float64, device=on)
+            built = _Cache(*_angles_to_tables(positions, inv_freq.to(on), factor, device, dtype),
                            freq_len)
             inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         with _PUBLISH:

@@ -237,10 +237,11 @@ def test_nan_mask_is_refused_with_the_right_recipe(return_attn, device):
     pad_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool, device=device)
     bad = original_nan_mask(pad_mask)
     assert torch.isnan(bad).any()
-    with pytest.raises(ValueError, match=r"NaN[\s\S]*pad_mask\[:, None, None, :\]"):
-        module(x, x, x, attn_mask=bad, return_attn=return_attn)
-    with pytest.raises(ValueError, match=r"masked_fill\(~pad_mask, float\('-inf'\)\)"):
-        module(x, x, x, attn_mask=bad, return_attn=return_attn)
+    if device.type == "cpu":  # on a GPU the check is a device-side assert: see the next test
+        with pytest.raises(ValueError, match=r"NaN[\s\S]*pad_mask\[:, None, None, :\]"):
+            module(x, x, x, attn_mask=bad, return_attn=return_attn)
+        with pytest.raises(ValueError, match=r"masked_fill\(~pad_mask, float\('-inf'\)\)"):
+            module(x, x, x, attn_mask=bad, return_attn=return_attn)
 
     # both recipes the message shows work and agree with the reference
     expected, _ = attention_module_reference(module, x, x, x, ref_angles(5), ref_angles(5),
@@ -252,6 +253,29 @@ def test_nan_mask_is_refused_with_the_right_recipe(return_attn, device):
         out = module(x, x, x, attn_mask=mask, return_attn=return_attn)
         out = out[0] if return_attn else out
         torch.testing.assert_close(out.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a device-side assert needs a GPU")
+def test_nan_mask_on_cuda_is_a_device_side_error():
+    """On a GPU the mask's values are not read on the host: a NaN mask fails an assertion on
+    the device, which the next synchronization raises (in a subprocess: the assert ends its
+    CUDA context), and the message names the recipe."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from ropelib import StandardAttentionWithRoPE\n"
+        "m = StandardAttentionWithRoPE(16, 2, device='cuda')\n"
+        "x = torch.randn(1, 3, 16, device='cuda')\n"
+        "pad = torch.tensor([[True, True, False]], device='cuda')\n"
+        "bad = (~pad)[:, None, None, :] * float('-inf')\n"
+        "m(x, x, x, attn_mask=bad)\n"
+        "torch.cuda.synchronize()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode != 0
+    assert "device-side assert" in result.stderr or "NaN" in result.stderr
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
