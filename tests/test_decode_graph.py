@@ -94,7 +94,7 @@ def test_cache_position_errors():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("how", ["cuda_graph", "reduce_overhead"])
+@pytest.mark.parametrize("how", ["cuda_graph", "cuda_reduce_overhead"])
 def test_decode_step_captured_and_replayed(how):
     """Capture one decode step (rotation at per-row positions, cache write, attention over
     the cache) and replay it for new tokens, positions and slots: each replay equals the
