@@ -249,7 +249,7 @@ def test_row08_positions_of_every_integer_dtype(dtype, device):
     q = torch.randn(2, 8, D).to(device)
     with torch.no_grad():
         torch.testing.assert_close(attn(q, q, q, positions=positions),
-                                   attn(q, q, q, positions=values), rtol=0, atol=0)
+                                   attn(q, q, q, positions=values.to(device)), rtol=0, atol=0)
         cache = KVCache()
         attn(q, q, q, positions=positions, kv_cache=cache, is_causal=True)
         assert cache.length == 8

@@ -360,7 +360,7 @@ def test_row11_torch_func_transforms(device):
     stacked_sin = torch.stack([t[1] for t in tables])
     per_table = torch.func.vmap(lambda c, s: apply_rope(x, c, s))(stacked_cos, stacked_sin)
     close(per_table[1], expected(x, range(5), 8))
-    close(per_table[0], rope_by_pairs(x, angles(torch.arange(5), thetas(8, 100.0))))
+    close(per_table[0], rope_by_pairs(x.cpu(), angles(torch.arange(5), thetas(8, 100.0))))
     tangent = torch.randn_like(x)
     value, derivative = torch.func.jvp(lambda v: apply_rope(v, cos, sin), (x,), (tangent,))
     close(value, expected(x, range(5), 8))
