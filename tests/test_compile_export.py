@@ -39,10 +39,10 @@ MAX_POS = 16  # the module's initial table: the tests go past it
 TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
-def module(**kw) -> StandardAttentionWithRoPE:
+def module(device: torch.device | str = "cpu", **kw) -> StandardAttentionWithRoPE:
     torch.manual_seed(0)
     return StandardAttentionWithRoPE(D, H, num_kv_heads=KV, max_position_embeddings=MAX_POS,
-                                     **kw).eval()
+                                     **kw).eval().to(device)
 
 
 def compiled(mod: torch.nn.Module, dynamic: bool | None, backend: str = "aot_eager"):
@@ -80,24 +80,26 @@ def decode(mod, x: torch.Tensor, prefill: int, capacity: int | None = None, **kw
 # Rows 1 and 2: a compiled module decodes with a KV cache, past max_position_embeddings ----------
 
 @pytest.mark.parametrize(("dynamic", "capacity"), [(None, None), (True, 64)])
-def test_rows01_02_compiled_decode_loop_past_the_table(dynamic, capacity):
+def test_rows01_02_compiled_decode_loop_past_the_table(dynamic, capacity, device):
     """Prefill 5 tokens, then 35 decode steps one token each, past max_position_embeddings=16
     (where the eager module grows its table), with a cache that grows (5 -> 10 -> 20 -> 40)
     or a reserved one. Every step equals the eager module's, and the compiled graphs are
     one per shape pattern (prefill, decode, cache growth), not one per step."""
-    eager = module()
+    eager = module(device)
     fast = compiled(eager, dynamic)
-    x = torch.randn(2, 40, D)
-    torch.testing.assert_close(decode(fast, x, 5, capacity), decode(eager, x, 5, capacity),
-                               **TOL)
+    x = torch.randn(2, 40, D).to(device)
+    got = decode(fast, x, 5, capacity)
+    assert got.device == device
+    torch.testing.assert_close(got, decode(eager, x, 5, capacity), **TOL)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= (2 if capacity else 6)
 
 
-def test_row02_compiled_prefill_longer_than_the_table_with_inductor():
-    """A prefill of 3 * max_position_embeddings tokens through inductor (C++ codegen)."""
-    eager = module()
+def test_row02_compiled_prefill_longer_than_the_table_with_inductor(device):
+    """A prefill of 3 * max_position_embeddings tokens through inductor (C++ codegen on the
+    CPU, Triton on a GPU)."""
+    eager = module(device)
     fast = compiled(eager, None, backend="inductor")
-    x = torch.randn(2, 3 * MAX_POS, D)
+    x = torch.randn(2, 3 * MAX_POS, D).to(device)
     with torch.no_grad():
         torch.testing.assert_close(fast(x, x, x, is_causal=True), eager(x, x, x, is_causal=True),
                                    **TOL)
@@ -107,14 +109,14 @@ def test_row02_compiled_prefill_longer_than_the_table_with_inductor():
 # Rows 3 and 4: per-row positions and boolean padding masks ------------------------------------
 
 @pytest.mark.parametrize("dynamic", [None, True])
-def test_rows03_04_left_padded_batch_compiled(dynamic):
+def test_rows03_04_left_padded_batch_compiled(dynamic, device):
     """A left-padded batch: per-row positions and the boolean padding mask of the README
     (True = may attend), causal; then one decode step of each row with its next position.
     The compiled module equals the eager one, also at positions past the table."""
-    eager = module()
+    eager = module(device)
     fast = compiled(eager, dynamic)
-    mask, positions = left_padded([7, 4, 2], 7)
-    x = torch.randn(3, 7, D)
+    mask, positions = (t.to(device) for t in left_padded([7, 4, 2], 7))
+    x = torch.randn(3, 7, D).to(device)
     attn_mask = mask[:, None, None, :]
     with torch.no_grad():
         for mod_positions in (positions, positions + 3 * MAX_POS):
@@ -127,16 +129,18 @@ def test_rows03_04_left_padded_batch_compiled(dynamic):
         for mod, cache in zip((eager, fast), caches, strict=True):
             mod(x, x, x, is_causal=True, positions=positions, attn_mask=attn_mask,
                 kv_cache=cache)
-        step = torch.randn(3, 1, D)
+        step = torch.randn(3, 1, D).to(device)
         next_positions = positions[:, -1:] + 1
-        step_mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], 1)[:, None, None, :]
+        step_mask = torch.cat([mask, mask.new_ones(3, 1)], 1)[:, None, None, :]
         outs = [mod(step, step, step, positions=next_positions, attn_mask=step_mask,
                     kv_cache=cache) for mod, cache in zip((eager, fast), caches, strict=True)]
     torch.testing.assert_close(outs[1], outs[0], **TOL)
 
 
 def test_row04_float_mask_checks_are_graph_assertions():
-    """Compiled, a NaN float mask (the -inf recipe's 0 * -inf) still fails, at run time."""
+    """Compiled, a NaN float mask (the -inf recipe's 0 * -inf) still fails, at run time. CPU
+    only: on a GPU the failure is a device-side assert, which ends the process's CUDA
+    context."""
     eager = module()
     fast = compiled(eager, None)
     x = torch.randn(2, 5, D)
@@ -163,13 +167,14 @@ class SelfAttention(torch.nn.Module):
         return self.inner(x, x, x, is_causal=True)
 
 
-def test_row05_jit_trace_runs_at_other_lengths():
-    eager = module()
+def test_row05_jit_trace_runs_at_other_lengths(device):
+    eager = module(device)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(SelfAttention(copy.deepcopy(eager)), (torch.randn(2, 5, D),))
+        traced = torch.jit.trace(SelfAttention(copy.deepcopy(eager)),
+                                 (torch.randn(2, 5, D).to(device),))
         for length in (5, 9, 3 * MAX_POS):
-            x = torch.randn(2, length, D)
+            x = torch.randn(2, length, D).to(device)
             torch.testing.assert_close(traced(x), eager(x, x, x, is_causal=True), **TOL)
 
 
@@ -183,34 +188,37 @@ def test_row05_jit_trace_refuses_a_length_dependent_rope_type():
         torch.jit.trace(SelfAttention(module(scaling=dynamic)), (torch.randn(2, 5, D),))
 
 
-def test_row06_export_with_dynamic_batch_and_sequence():
-    eager = module()
-    program = torch.export.export(SelfAttention(copy.deepcopy(eager)), (torch.randn(2, 5, D),),
+def test_row06_export_with_dynamic_batch_and_sequence(device):
+    eager = module(device)
+    program = torch.export.export(SelfAttention(copy.deepcopy(eager)),
+                                  (torch.randn(2, 5, D).to(device),),
                                   dynamic_shapes={"x": {0: Dim("batch"), 1: Dim("seq")}})
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert "ropelib.rotate_qk.default" in targets  # q and k at one set of positions: one op
     run = program.module()
     with torch.no_grad():
         for batch, length in ((2, 5), (3, 9), (1, 3 * MAX_POS)):
-            x = torch.randn(batch, length, D)
+            x = torch.randn(batch, length, D).to(device)
             torch.testing.assert_close(run(x), eager(x, x, x, is_causal=True), **TOL)
 
 
 # Row 7: export of apply_rope over a 64-row table with Dim("seq", max=64) ----------------------
 
-def test_row07_export_apply_rope_up_to_the_table_length():
-    cos, sin = generate_rope_embeddings(64, 8)
+def test_row07_export_apply_rope_up_to_the_table_length(device):
+    cos, sin = generate_rope_embeddings(64, 8, device=device)
 
     class Rope(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return apply_rope(x, cos, sin, layout="half")
 
-    program = torch.export.export(Rope(), (torch.randn(2, 10, 8),),
+    program = torch.export.export(Rope(), (torch.randn(2, 10, 8).to(device),),
                                   dynamic_shapes={"x": {1: Dim("seq", max=64)}})
     for length in (64, 10, 33):
         x = torch.randn(2, length, 8)
         want = rope_by_pairs(x, angles(torch.arange(length), thetas(8)), "half")
-        torch.testing.assert_close(program.module()(x).to(F64), want, rtol=1e-6, atol=1e-6)
+        got = program.module()(x.to(device))
+        assert got.device == device
+        torch.testing.assert_close(got.cpu().to(F64), want, rtol=1e-6, atol=1e-6)
 
 
 # Row 8: integer positions of every dtype -----------------------------------------------------
@@ -220,33 +228,36 @@ INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, t
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES)
-def test_row08_positions_of_every_integer_dtype(dtype):
+def test_row08_positions_of_every_integer_dtype(dtype, device):
     """uint8 used to index as a boolean mask (silently wrong rows), int8/int16 raised an
     IndexError, uint16/32/64 an opaque NotImplementedError: every one is positions."""
     values = torch.tensor([3, 1, 2, 3, 0, 5, 4, 1])  # as many as the table's rows: a mask's shape
-    positions = values.to(dtype)
-    rotary = RotaryEmbedding(8, max_position_embeddings=8)
+    positions = values.to(device=device, dtype=dtype)
+    rotary = RotaryEmbedding(8, max_position_embeddings=8).to(device)
     cos, sin = rotary(positions=positions)
     ref = angles(values, thetas(8))
-    torch.testing.assert_close(cos.to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(sin.to(F64), ref.sin(), rtol=1e-6, atol=1e-6)
-    direct = generate_rope_embeddings(8, 8, positions=positions)
-    torch.testing.assert_close(direct[0].to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
-    table_cos, table_sin = generate_rope_embeddings(8, 8)
+    torch.testing.assert_close(cos.cpu().to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sin.cpu().to(F64), ref.sin(), rtol=1e-6, atol=1e-6)
+    direct = generate_rope_embeddings(8, 8, device=device, positions=positions)
+    torch.testing.assert_close(direct[0].cpu().to(F64), ref.cos(), rtol=1e-6, atol=1e-6)
+    table_cos, table_sin = generate_rope_embeddings(8, 8, device=device)
     x = torch.randn(2, 8, 8)
-    torch.testing.assert_close(apply_rope(x, table_cos, table_sin, positions=positions).to(F64),
-                               rope_by_pairs(x, ref), rtol=1e-6, atol=1e-6)
-    attn = module()
-    q = torch.randn(2, 8, D)
+    rotated = apply_rope(x.to(device), table_cos, table_sin, positions=positions)
+    torch.testing.assert_close(rotated.cpu().to(F64), rope_by_pairs(x, ref), rtol=1e-6,
+                               atol=1e-6)
+    attn = module(device)
+    q = torch.randn(2, 8, D).to(device)
     with torch.no_grad():
         torch.testing.assert_close(attn(q, q, q, positions=positions),
-                                   attn(q, q, q, positions=values), rtol=0, atol=0)
+                                   attn(q, q, q, positions=values.to(device)), rtol=0, atol=0)
         cache = KVCache()
         attn(q, q, q, positions=positions, kv_cache=cache, is_causal=True)
         assert cache.length == 8
 
 
 def test_row08_non_integer_positions_name_the_argument_and_the_accepted_dtypes():
+    """CPU only: the messages do not depend on the device, and a negative position on a GPU
+    is a device-side assert, not a ValueError."""
     rotary = RotaryEmbedding(8)
     with pytest.raises(TypeError, match=r"positions must hold integer positions, got dtype "
                                         r"torch.float32; use .long\(\) \(every integer dtype"):
@@ -262,6 +273,7 @@ def test_row08_non_integer_positions_name_the_argument_and_the_accepted_dtypes()
 # Row 9: NumPy integers wherever a Python int is accepted -------------------------------------
 
 def test_row09_numpy_integers_are_ints():
+    """CPU only: the arguments' conversion to ints is the same on every device."""
     torch.manual_seed(0)
     a = StandardAttentionWithRoPE(D, H, num_kv_heads=KV, rotary_dim=4, max_position_embeddings=8)
     torch.manual_seed(0)
@@ -364,7 +376,7 @@ def test_row10_native_status_when_disabled():
 
 # Multi-axis positions ------------------------------------------------------------------------
 
-def test_multi_axis_module_compiles_fullgraph_and_exports():
+def test_multi_axis_module_compiles_fullgraph_and_exports(device):
     """M-RoPE attention (Qwen2-VL's (t, h, w) positions, chunked sections) under a fullgraph
     compile and torch.export: the rows are computed in the graph (float64 angles, like the
     cache) instead of read from the cache grown by the data, so no data-dependent branch; the
@@ -373,9 +385,9 @@ def test_multi_axis_module_compiles_fullgraph_and_exports():
     torch.manual_seed(0)
     mod = StandardAttentionWithRoPE(64, 2, layout="half", bias=False,
                                     frequencies=axis_frequencies(32, [4, 6, 6], base=1e6),
-                                    max_position_embeddings=MAX_POS).eval()
-    x = torch.randn(2, 30, 64)
-    positions = mrope_positions([10, (1, 4, 4), 16], spatial_merge_size=2)
+                                    max_position_embeddings=MAX_POS).eval().to(device)
+    x = torch.randn(2, 30, 64).to(device)
+    positions = mrope_positions([10, (1, 4, 4), 16], spatial_merge_size=2).to(device)
     later = positions + 5000
     fn = compiled(mod, dynamic=None)
     exported = torch.export.export(copy.deepcopy(mod), (x, x, x), {"positions": positions})

@@ -55,64 +55,66 @@ def full_forward_last(module, x: torch.Tensor, positions: torch.Tensor, length: 
 @pytest.mark.parametrize("num_kv_heads", [2])
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("kind", list(CONFIGS))
-def test_each_decode_step_equals_the_full_forward(kind, layout, num_kv_heads):
+def test_each_decode_step_equals_the_full_forward(kind, layout, num_kv_heads, device):
     config = CONFIGS[kind]
     torch.manual_seed(0)
     module = StandardAttentionWithRoPE(D, H, num_kv_heads=num_kv_heads, layout=layout,
                                        scaling=config, max_position_embeddings=4
-                                       ).double().eval()  # float64 weights and tables
+                                       ).double().eval().to(device)  # float64 weights, tables
     n, prefill = 2 * L0 + 3, 5
     if depends_on_length(config):  # the frequencies do change across the decode
         before, _ = scaled_frequencies(8, 10000.0, config, seq_len=prefill)
         after, _ = scaled_frequencies(8, 10000.0, config, seq_len=n)
         assert (before - after).abs().max() > 1e-3
-    x = torch.randn(2, n, D, dtype=F64)
+    x = torch.randn(2, n, D, dtype=F64).to(device)
     cache = KVCache()
     with torch.no_grad():
         module(x[:, :prefill], x[:, :prefill], x[:, :prefill], is_causal=True, kv_cache=cache)
         for t in range(prefill, n):
             xt = x[:, t:t + 1]
             step = module(xt, xt, xt, is_causal=True, kv_cache=cache)[:, 0]
+            assert step.device == device
             want = full_forward_last(module, x[:, :t + 1], torch.arange(t + 1), t + 1, config)
-            torch.testing.assert_close(step, want, rtol=1e-12, atol=1e-12, msg=f"step {t}")
+            torch.testing.assert_close(step.cpu(), want, rtol=1e-12, atol=1e-12,
+                                       msg=f"step {t}")
         full = module(x, x, x, is_causal=True)
     torch.testing.assert_close(step, full[:, -1], rtol=1e-12, atol=1e-12)
     assert (cache.positions is not None) == depends_on_length(config)
 
 
-def test_chunked_decoding_with_per_row_positions_across_the_switch():
+def test_chunked_decoding_with_per_row_positions_across_the_switch(device):
     """Chunks of 3 tokens with per-row positions (the second row starts later, as after left
     padding): each chunk's last token equals the reference forward over that row's tokens."""
     config = CONFIGS["dynamic"]
     torch.manual_seed(0)
     module = StandardAttentionWithRoPE(D, H, num_kv_heads=2, layout="half", scaling=config
-                                       ).double().eval()
+                                       ).double().eval().to(device)
     n = 2 * L0 + 2
-    x = torch.randn(2, n, D, dtype=F64)
-    positions = torch.stack([torch.arange(n), torch.arange(n) + 1])
+    x = torch.randn(2, n, D, dtype=F64).to(device)
+    positions = torch.stack([torch.arange(n), torch.arange(n) + 1])  # on the CPU, for the ref
     cache = KVCache()
     with torch.no_grad():
         for start in range(0, n, 3):
             chunk = slice(start, start + 3)
             xt = x[:, chunk]
-            out = module(xt, xt, xt, is_causal=True, positions=positions[:, chunk],
-                         kv_cache=cache)
+            out = module(xt, xt, xt, is_causal=True, positions=positions[:, chunk].to(device),
+                         kv_cache=cache).cpu()
             end = min(start + 3, n)
             length = int(positions[:, :end].max()) + 1  # the module's length: the largest + 1
             for row in range(2):
                 want = full_forward_last(module, x[row:row + 1, :end], positions[row, :end],
                                          length, config)
                 torch.testing.assert_close(out[row, -1], want[0], rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(cache.positions, positions)
+    torch.testing.assert_close(cache.positions.cpu(), positions)
 
 
-def test_unrotated_keys_are_cached_with_their_positions():
+def test_unrotated_keys_are_cached_with_their_positions(device):
     """For a length-dependent rope type the cache holds the keys as projected (unrotated),
     and their positions; the values as always."""
     torch.manual_seed(0)
     module = StandardAttentionWithRoPE(D, H, num_kv_heads=2, scaling=CONFIGS["dynamic"],
-                                       bias=False, dtype=F64).eval()
-    x = torch.randn(1, 11, D, dtype=F64)
+                                       bias=False, dtype=F64).eval().to(device)
+    x = torch.randn(1, 11, D, dtype=F64).to(device)
     cache = KVCache()
     with torch.no_grad():
         module(x[:, :4], x[:, :4], x[:, :4], is_causal=True, kv_cache=cache)
@@ -120,10 +122,11 @@ def test_unrotated_keys_are_cached_with_their_positions():
             module(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], is_causal=True, kv_cache=cache)
     k = (x @ module.k_proj.weight.T).view(1, 11, 2, D // H).transpose(1, 2)
     torch.testing.assert_close(cache.key, k, rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(cache.positions, torch.arange(11)[None])
+    torch.testing.assert_close(cache.positions, torch.arange(11, device=device)[None])
 
 
 def test_a_cache_of_rotated_keys_is_refused_by_a_length_dependent_module():
+    """CPU only, as the next test: the refusal reads the cache's state, not the device."""
     torch.manual_seed(0)
     plain = StandardAttentionWithRoPE(D, H)
     dynamic = StandardAttentionWithRoPE(D, H, scaling=CONFIGS["dynamic"])

@@ -26,9 +26,9 @@ SEGMENTS = ([2, (1, 2, 2), 1], [1, (1, 2, 3)])
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}  # L0 = max_position_embeddings = 8
 
 
-def build(**kw) -> StandardAttentionWithRoPE:
+def build(device: torch.device | str = "cpu", **kw) -> StandardAttentionWithRoPE:
     torch.manual_seed(0)
-    return StandardAttentionWithRoPE(D, H, num_kv_heads=2, layout="half", **kw).eval()
+    return StandardAttentionWithRoPE(D, H, num_kv_heads=2, layout="half", **kw).eval().to(device)
 
 
 def reference_last_row(module, history: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -46,36 +46,38 @@ def hf_decode_positions(prefill: torch.Tensor, steps: int) -> torch.Tensor:
     return (cache_positions + rope_deltas)[:, None].expand(-1, 3)
 
 
-def test_decoding_after_a_multimodal_prefill_continues_each_rows_sequence():
-    module = build(frequencies=W)
-    prefill = torch.stack([mrope_positions(s) for s in SEGMENTS])  # (2, 7, 3)
+def test_decoding_after_a_multimodal_prefill_continues_each_rows_sequence(device):
+    module = build(device, frequencies=W)
+    prefill = torch.stack([mrope_positions(s) for s in SEGMENTS])  # (2, 7, 3), CPU: the refs
     assert [int(p.max()) + 1 for p in prefill] == [5, 4]  # not the cache length 7
     torch.manual_seed(1)
-    x = torch.randn(2, 7 + 3, D)
+    x = torch.randn(2, 7 + 3, D).to(device)
     cache = KVCache()
     with torch.no_grad():
-        module(x[:, :7], x[:, :7], x[:, :7], positions=prefill, kv_cache=cache, is_causal=True)
+        module(x[:, :7], x[:, :7], x[:, :7], positions=prefill.to(device), kv_cache=cache,
+               is_causal=True)
         for t in range(7, 10):
             xt = x[:, t:t + 1]
             out = module(xt, xt, xt, kv_cache=cache, is_causal=True)  # no positions
             for row in range(2):
                 positions = torch.cat([prefill[row], hf_decode_positions(prefill[row], 3)])
                 angles = positions[:t + 1].to(F64) @ W.T
-                torch.testing.assert_close(out[row, 0].to(F64),
+                torch.testing.assert_close(out[row, 0].cpu().to(F64),
                                            reference_last_row(module, x[row, :t + 1], angles),
                                            **TOL)
     assert cache.next_position.tolist() == [5 + 3, 4 + 3]
 
 
-def test_a_multi_axis_prefill_shared_by_the_batch_and_text_only_decoding():
+def test_a_multi_axis_prefill_shared_by_the_batch_and_text_only_decoding(device):
     """(N, 3) positions for every row, and a text-only prefill (no positions): the next
     position is the largest + 1, and the cache length for text."""
-    module = build(frequencies=W)
+    module = build(device, frequencies=W)
     prefill = mrope_positions(SEGMENTS[0])
     cache, text = KVCache(), KVCache()
-    x = torch.randn(3, 8, D)
+    x = torch.randn(3, 8, D).to(device)
     with torch.no_grad():
-        module(x[:, :7], x[:, :7], x[:, :7], positions=prefill, kv_cache=cache, is_causal=True)
+        module(x[:, :7], x[:, :7], x[:, :7], positions=prefill.to(device), kv_cache=cache,
+               is_causal=True)
         module(x[:, :7], x[:, :7], x[:, :7], kv_cache=text, is_causal=True)
         out = module(x[:, 7:], x[:, 7:], x[:, 7:], kv_cache=cache, is_causal=True)
         text_out = module(x[:, 7:], x[:, 7:], x[:, 7:], kv_cache=text, is_causal=True)
@@ -83,9 +85,9 @@ def test_a_multi_axis_prefill_shared_by_the_batch_and_text_only_decoding():
     positions = torch.cat([prefill, hf_decode_positions(prefill, 1)])
     diagonal = torch.arange(8)[:, None].expand(-1, 3)
     for row in range(3):
-        torch.testing.assert_close(out[row, 0].to(F64), reference_last_row(
+        torch.testing.assert_close(out[row, 0].cpu().to(F64), reference_last_row(
             module, x[row], positions.to(F64) @ W.T), **TOL)
-        torch.testing.assert_close(text_out[row, 0].to(F64), reference_last_row(
+        torch.testing.assert_close(text_out[row, 0].cpu().to(F64), reference_last_row(
             module, x[row], diagonal.to(F64) @ W.T), **TOL)
 
 
@@ -111,23 +113,24 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_beam_search_reorder_equals_decoding_each_beam_alone(case):
+def test_beam_search_reorder_equals_decoding_each_beam_alone(case, device):
     kw, positions, angles_of = CASES[case]
-    module = build(**kw)
+    module = build(device, **kw)
     prefill = torch.stack([mrope_positions(s) for s in SEGMENTS]) if positions else None
     torch.manual_seed(2)
-    prompts = torch.randn(2, 7, D)
+    prompts = torch.randn(2, 7, D).to(device)
     cache = KVCache()
     with torch.no_grad():
-        module(prompts, prompts, prompts, positions=prefill, kv_cache=cache, is_causal=True)
+        module(prompts, prompts, prompts, positions=None if prefill is None else
+               prefill.to(device), kv_cache=cache, is_causal=True)
     # expand each prompt into 3 beams, then after each step keep some beams (some twice)
     beams = [0, 0, 0, 1, 1, 1]
-    cache.reorder(torch.tensor(beams))
+    cache.reorder(torch.tensor(beams, device=device))
     history = [prompts[b] for b in beams]
     prompt_of = list(beams)
     choices = [[2, 2, 0, 5, 3, 3], [1, 0, 2, 4, 4, 3], [5, 5, 5, 0, 1, 2]]
     for step, choice in enumerate(choices):
-        xt = torch.randn(6, 1, D)
+        xt = torch.randn(6, 1, D).to(device)
         with torch.no_grad():
             out = module(xt, xt, xt, kv_cache=cache, is_causal=True)
         for b in range(6):
@@ -139,20 +142,21 @@ def test_beam_search_reorder_equals_decoding_each_beam_alone(case):
                 angles = p.to(F64) @ W.T
             else:
                 angles = angles_of(n)
-            torch.testing.assert_close(out[b, 0].to(F64),
+            torch.testing.assert_close(out[b, 0].cpu().to(F64),
                                        reference_last_row(module, history[b], angles), **TOL)
-        cache.reorder(torch.tensor(choice))
+        cache.reorder(torch.tensor(choice, device=device))
         history = [history[i] for i in choice]
         prompt_of = [prompt_of[i] for i in choice]
     assert cache.length == 7 + len(choices) and cache.key.shape[0] == 6
 
 
-def test_reorder_moves_keys_values_positions_and_next_positions_together():
+def test_reorder_moves_keys_values_positions_and_next_positions_together(device):
     cache = KVCache(capacity=8)
-    key, value = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)
-    positions = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8], [9, 10, 11, 12]])
-    cache.update(key, value, positions=positions, next_position=torch.tensor([4, 9, 13]))
-    index = torch.tensor([2, 0, 2, 2])
+    key, value = torch.randn(3, 2, 4, 8).to(device), torch.randn(3, 2, 4, 8).to(device)
+    positions = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8], [9, 10, 11, 12]], device=device)
+    cache.update(key, value, positions=positions,
+                 next_position=torch.tensor([4, 9, 13], device=device))
+    index = torch.tensor([2, 0, 2, 2], device=device)
     cache.reorder(index)
     torch.testing.assert_close(cache.key, key[index], rtol=0, atol=0)
     torch.testing.assert_close(cache.value, value[index], rtol=0, atol=0)
@@ -161,7 +165,7 @@ def test_reorder_moves_keys_values_positions_and_next_positions_together():
     assert cache.capacity == 8 and cache.length == 4
     # the next update extends the reordered rows
     cache.update(key[:1].expand(4, -1, -1, -1)[..., :1, :], value[:1].expand(4, -1, -1, -1)[
-        ..., :1, :], positions=torch.full((4, 1), 20))
+        ..., :1, :], positions=torch.full((4, 1), 20, device=device))
     assert cache.positions[:, -1].tolist() == [20] * 4 and cache.length == 5
 
 
@@ -173,6 +177,7 @@ def test_reorder_moves_keys_values_positions_and_next_positions_together():
     (torch.tensor([0.0]), r"beam_idx must hold integer positions"),
 ])
 def test_reorder_errors_name_beam_idx(beam_idx, message):
+    """CPU only: the messages do not depend on the device."""
     cache = KVCache()
     cache.update(torch.randn(3, 1, 2, 8), torch.randn(3, 1, 2, 8))
     with pytest.raises((ValueError, TypeError), match=message):

@@ -68,17 +68,19 @@ def hf_rows(rotary, positions: torch.Tensor):
 
 @pytest.mark.parametrize("kind", list(TYPES))
 @pytest.mark.parametrize("model", list(MODELS))
-def test_rotary_rows_equal_transformers(model, kind):
+def test_rotary_rows_equal_transformers(model, kind, device):
     config, hf = hf_rotary(model, kind)
-    ours = RotaryEmbedding(config.head_dim, scaling=config.rope_parameters)
+    ours = RotaryEmbedding(config.head_dim, scaling=config.rope_parameters).to(device)
     assert ours.num_axes == 3
     expected_cos, expected_sin = hf_rows(hf, POSITIONS)
-    cos, sin = ours(positions=POSITIONS)
-    torch.testing.assert_close(cos.to(F64), expected_cos, rtol=0, atol=2e-6)
-    torch.testing.assert_close(sin.to(F64), expected_sin, rtol=0, atol=2e-6)
+    cos, sin = ours(positions=POSITIONS.to(device))
+    assert cos.device == device
+    torch.testing.assert_close(cos.cpu().to(F64), expected_cos, rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin.cpu().to(F64), expected_sin, rtol=0, atol=2e-6)
     # text tokens (the diagonal) and the 1D tables: 1D RoPE of the same spectrum
     diagonal = torch.arange(11)[:, None].expand(-1, 3)
-    torch.testing.assert_close(ours(11)[0].to(F64), hf_rows(hf, diagonal)[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(ours(11)[0].cpu().to(F64), hf_rows(hf, diagonal)[0], rtol=0,
+                               atol=2e-6)
 
 
 @pytest.mark.parametrize("model", ["qwen2-vl", "qwen3-vl"])
@@ -101,14 +103,14 @@ def hf_angles(rotary, positions: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("model", list(MODELS))
-def test_attention_module_with_a_yarn_mrope_config_equals_the_float64_reference(model):
+def test_attention_module_with_a_yarn_mrope_config_equals_the_float64_reference(model, device):
     config, hf = hf_rotary(model, "yarn")
     torch.manual_seed(0)
     module = StandardAttentionWithRoPE(HEADS * config.head_dim, HEADS, layout="half",
-                                       scaling=config.rope_parameters).eval()
-    x = torch.randn(2, POSITIONS.shape[0], HEADS * config.head_dim)
+                                       scaling=config.rope_parameters).eval().to(device)
+    x = torch.randn(2, POSITIONS.shape[0], HEADS * config.head_dim).to(device)
     with torch.no_grad():
-        out = module(x, x, x, positions=POSITIONS, is_causal=True)
+        out = module(x, x, x, positions=POSITIONS.to(device), is_causal=True).cpu()
     angles = hf_angles(hf, POSITIONS)
     expected, _ = attention_module_reference(module, x, x, x, angles, angles, causal=True,
                                              scale=hf.attention_scaling)

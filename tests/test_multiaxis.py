@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from reference import attention_module_reference, rope_by_pairs
+from reference import assert_same, attention_module_reference, rope_by_pairs
 from transformers.models.qwen2_vl.configuration_qwen2_vl import (
     Qwen2VLConfig,
     Qwen2VLTextConfig,
@@ -43,6 +43,10 @@ from ropelib import (
 from ropelib.multiaxis import axis_of_pairs
 
 F64 = torch.float64
+# Two ways to cos/sin rows on a GPU: float32 cos/sin of angles reduced to [-pi, pi) (rounded
+# by up to pi * 2^-24 = 1.9e-7 rad; CUDA's cosf within 2 ulps, 1.2e-7) and the float64 cos/sin
+# rounded to float32 (6e-8): under 3.7e-7 apart (on the CPU both are the float64 rounded)
+GPU_TABLES = {"rtol": 0, "atol": 5e-7}
 QWEN2_SECTIONS, QWEN3_SECTIONS = [16, 24, 24], [24, 20, 20]
 
 
@@ -103,36 +107,38 @@ def test_qwen3_interleaving_is_the_one_of_its_code():
     assert [i for i, a in enumerate(axes) if a == 0] == list(range(0, 60, 3)) + [60, 61, 62, 63]
 
 
-def test_one_axis_is_1d_rope():
+def test_one_axis_is_1d_rope(device):
     W = axis_frequencies(64, [32], base=10000.0)
-    positions = torch.arange(300)
+    positions = torch.arange(300, device=device)
     cos, sin = axis_tables(positions[:, None], W)
-    cos1, sin1 = generate_rope_embeddings(300, 64)
-    assert torch.equal(cos, cos1) and torch.equal(sin, sin1)
+    cos1, sin1 = generate_rope_embeddings(300, 64, device=device)
+    assert cos.device == device
+    assert_same(cos, cos1, **GPU_TABLES)
+    assert_same(sin, sin1, **GPU_TABLES)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float64, torch.float32])
-def test_axis_tables_are_the_rounded_float64_angles(dtype):
+def test_axis_tables_are_the_rounded_float64_angles(dtype, device):
     W = axis_frequencies(128, QWEN2_SECTIONS, base=1e6)
     g = torch.Generator().manual_seed(0)
     positions = torch.randint(0, 6000, (2, 7, 3), generator=g).to(dtype)
-    cos, sin = axis_tables(positions, W)
-    assert cos.dtype == torch.float32 and cos.shape == (2, 7, 64)
+    cos, sin = axis_tables(positions.to(device), W)
+    assert cos.dtype == torch.float32 and cos.shape == (2, 7, 64) and cos.device == device
     ref = exact_angles(positions, W)
     # float32 of the exact values: within half an ulp (6e-8 relative) of them
-    torch.testing.assert_close(cos.to(F64), ref.cos(), rtol=6e-8, atol=1e-12)
-    torch.testing.assert_close(sin.to(F64), ref.sin(), rtol=6e-8, atol=1e-12)
-    cos64, _ = axis_tables(positions, W, dtype=F64)
-    torch.testing.assert_close(cos64, ref.cos(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cos.cpu().to(F64), ref.cos(), rtol=6e-8, atol=1e-12)
+    torch.testing.assert_close(sin.cpu().to(F64), ref.sin(), rtol=6e-8, atol=1e-12)
+    cos64, _ = axis_tables(positions.to(device), W, dtype=F64)
+    torch.testing.assert_close(cos64.cpu(), ref.cos(), rtol=1e-12, atol=1e-12)
 
 
-def test_mixed_frequencies_and_fractional_positions():
+def test_mixed_frequencies_and_fractional_positions(device):
     W = torch.randn(8, 2, dtype=F64)
     positions = torch.rand(5, 2, dtype=F64) * 10 - 5
-    cos, sin = axis_tables(positions, W, dtype=F64)
+    cos, sin = axis_tables(positions.to(device), W.to(device), dtype=F64)
     ref = exact_angles(positions, W)
-    torch.testing.assert_close(cos, ref.cos(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(sin, ref.sin(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cos.cpu(), ref.cos(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sin.cpu(), ref.sin(), rtol=1e-12, atol=1e-12)
 
 
 def test_the_score_depends_only_on_the_offset_for_any_w():
@@ -181,12 +187,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_m_rope_equals_hf_layout_on_exact_angles(case):
+def test_m_rope_equals_hf_layout_on_exact_angles(case, device):
     cls, config_cls, sections, base, order, extra = CASES[case]
     hf = hf_text_rotary(cls, config_cls, sections, base, **extra)
     positions = large_positions(40, 0)  # t up to about 5200
     W = axis_frequencies(128, sections, base=base, order=order)
-    cos, sin = axis_tables(positions, W)
+    cos, sin = (t.cpu() for t in axis_tables(positions.to(device), W))
     # HF's recomposition on exact float64 angles, position_ids (3, batch, seq)
     freqs = positions.T[:, None, :, None].to(F64) * hf_inv_freq(128, base)
     hf_cos = hf.recomposition_frequencies(freqs.cos().clone())[0]
@@ -200,13 +206,14 @@ def test_m_rope_equals_hf_layout_on_exact_angles(case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_m_rope_equals_hf_float32_forward_within_its_rounding(case):
+def test_m_rope_equals_hf_float32_forward_within_its_rounding(case, device):
     cls, config_cls, sections, base, order, extra = CASES[case]
     hf = hf_text_rotary(cls, config_cls, sections, base, **extra)
     positions = large_positions(40, 1)
     x = torch.zeros(1, 40, 256)
     hf_cos, hf_sin = hf(x, positions.T[:, None, :])
-    cos, sin = axis_tables(positions, axis_frequencies(128, sections, base=base, order=order))
+    W = axis_frequencies(128, sections, base=base, order=order)
+    cos, sin = (t.cpu() for t in axis_tables(positions.to(device), W))
     exact = exact_angles(positions, axis_frequencies(128, sections, base=base, order=order))
     # float32 angles: error up to |angle| * 2 * 2^-24 (inv_freq and product rounded) + cos's own
     bound = float(exact.abs().max()) * 2 * 2.0 ** -24 + 1e-6
@@ -219,7 +226,7 @@ def test_m_rope_equals_hf_float32_forward_within_its_rounding(case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_rotated_queries_equal_hf_apply_rotary_pos_emb(case):
+def test_rotated_queries_equal_hf_apply_rotary_pos_emb(case, device):
     cls, config_cls, sections, base, order, extra = CASES[case]
     hf = hf_text_rotary(cls, config_cls, sections, base, **extra)
     positions = large_positions(24, 2)
@@ -229,15 +236,16 @@ def test_rotated_queries_equal_hf_apply_rotary_pos_emb(case):
     q, k = torch.randn(1, 2, 24, 128, dtype=F64), torch.randn(1, 1, 24, 128, dtype=F64)
     hf_q, hf_k = apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
     rotary = RotaryEmbedding(128, frequencies=axis_frequencies(128, sections, base=base,
-                                                                order=order)).double()
-    cos, sin = rotary(positions=positions)
-    our_q = apply_rope(q, cos[None, None], sin[None, None], layout="half")
-    our_k = apply_rope(k, cos[None, None], sin[None, None], layout="half")
-    torch.testing.assert_close(our_q, hf_q, rtol=2e-6, atol=1e-9)
-    torch.testing.assert_close(our_k, hf_k, rtol=2e-6, atol=1e-9)
+                                                                order=order)).double().to(device)
+    cos, sin = rotary(positions=positions.to(device))
+    our_q = apply_rope(q.to(device), cos[None, None], sin[None, None], layout="half")
+    our_k = apply_rope(k.to(device), cos[None, None], sin[None, None], layout="half")
+    assert our_q.device == device
+    torch.testing.assert_close(our_q.cpu(), hf_q, rtol=2e-6, atol=1e-9)
+    torch.testing.assert_close(our_k.cpu(), hf_k, rtol=2e-6, atol=1e-9)
 
 
-def test_axial_rope_equals_the_qwen2_vl_vision_tower():
+def test_axial_rope_equals_the_qwen2_vl_vision_tower(device):
     # the real tower: embed_dim 1280, 16 heads, head_dim 80, spatial merge 2
     config = Qwen2VLVisionConfig(depth=1, embed_dim=1280, num_heads=16, hidden_size=64)
     hf = Qwen2VLVisionRotaryEmbedding(config)
@@ -245,7 +253,7 @@ def test_axial_rope_equals_the_qwen2_vl_vision_tower():
     positions = get_vision_position_ids(grid, config.spatial_merge_size)  # (N, 2): (h, w)
     positions = positions + torch.tensor([1000, 2000])  # far from the origin
     W = axis_frequencies(80, [20, 20], base=10000.0, spectrum="per_axis")
-    cos, sin = axis_tables(positions, W)
+    cos, sin = (t.cpu() for t in axis_tables(positions.to(device), W))
     freqs = positions[:, :, None].to(F64) * hf_inv_freq(40, 10000.0)  # (N, 2, 20)
     torch.testing.assert_close(torch.cat([cos, cos], -1).to(F64),
                                hf.recomposition_frequencies(freqs.cos()), rtol=2e-6, atol=2e-7)
@@ -325,14 +333,15 @@ def test_mrope_positions_without_merge_and_empty_text():
 # --------------------------------------------------------------------------- modules
 
 
-def test_rotary_embedding_gathers_what_axis_tables_computes():
+def test_rotary_embedding_gathers_what_axis_tables_computes(device):
     W = axis_frequencies(128, QWEN3_SECTIONS, base=5e6, order="interleaved")
-    rotary = RotaryEmbedding(128, frequencies=W, max_position_embeddings=16)
-    positions = large_positions(50, 3).reshape(2, 25, 3)
+    rotary = RotaryEmbedding(128, frequencies=W, max_position_embeddings=16).to(device)
+    positions = large_positions(50, 3).reshape(2, 25, 3).to(device)
     cos, sin = rotary(positions=positions)
     ref_cos, ref_sin = axis_tables(positions, W)
     assert cos.shape == (2, 25, 64)
-    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    assert_same(cos, ref_cos, **GPU_TABLES)
+    assert_same(sin, ref_sin, **GPU_TABLES)
     assert rotary.cached_len >= int(positions.max()) + 1  # grew on demand
 
 
@@ -362,9 +371,9 @@ def test_compiled_gather_equals_the_eager_gather_and_double_tables(order):
 @pytest.mark.parametrize("order", ["chunked", "interleaved"])
 def test_apply_rope_with_axes_reads_the_rows_of_each_pair(order):
     """``apply_rope(x, cos, sin, positions=p, axes=)`` rotates pair i by p[axes[i]] * theta_i:
-    against float64 angles (double tables, 1e-12), and bit for bit the rotation of the rows
-    gathered first, with the compiled loop (which reads the rows itself) and without it,
-    into out= and in place, for (seq, k) and (batch, seq, k) positions."""
+    bit for bit the rotation of the rows gathered first, with the compiled CPU loop (which
+    reads the rows itself) and without it, into out= and in place, for (seq, k) and
+    (batch, seq, k) positions. CPU only: it switches the compiled loop off and on."""
     from ropelib import native
     W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
     rotary = RotaryEmbedding(64, frequencies=W)
@@ -391,35 +400,46 @@ def test_apply_rope_with_axes_reads_the_rows_of_each_pair(order):
         in_place = x.clone()
         apply_rope(in_place, cos, sin, positions=p, axes=axes, layout="half", out=in_place)
         assert torch.equal(out, expected) and torch.equal(in_place, expected)
-    cos64, sin64 = rotary.double().tables(int(positions.max()) + 1)
-    x64 = x.double()
+
+
+@pytest.mark.parametrize("order", ["chunked", "interleaved"])
+def test_apply_rope_with_axes_equals_the_float64_angles(order, device):
+    """Pair i turned by p[axes[i]] * theta_i from double tables, to 1e-12 of exact angles."""
+    W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
+    rotary = RotaryEmbedding(64, frequencies=W).double().to(device)
+    positions = large_positions(60, 3).reshape(2, 30, 3)
+    cos64, sin64 = rotary.tables(int(positions.max()) + 1)
+    x64 = torch.randn(2, 4, 30, 64, dtype=F64)
     exact = exact_angles(positions, W)[:, None].expand(2, 4, 30, 32)
-    torch.testing.assert_close(
-        apply_rope(x64, cos64, sin64, positions=positions, axes=axes, layout="interleaved"),
-        rope_by_pairs(x64, exact, "interleaved"), rtol=1e-12, atol=1e-12)
+    got = apply_rope(x64.to(device), cos64, sin64, positions=positions.to(device),
+                     axes=rotary.pair_axes.to(device), layout="interleaved")
+    assert got.device == device
+    torch.testing.assert_close(got.cpu(), rope_by_pairs(x64, exact, "interleaved"),
+                               rtol=1e-12, atol=1e-12)
 
 
-def test_apply_rope_with_axes_is_differentiable():
+def test_apply_rope_with_axes_is_differentiable(device):
     """Gradients of the rotation through positions and axes: gradcheck in float64 for x and
     the tables (the table grads add up in the rows the pairs were read from), the eager
     training step equal to the rows gathered first, a torch.func grad, and one compiled
     graph equal to eager."""
     torch.manual_seed(3)
-    axes = torch.tensor([0, 1, 1, 2, 0, 2])
-    positions = torch.randint(0, 9, (2, 5, 3))
-    x = torch.randn(2, 2, 5, 14, dtype=F64, requires_grad=True)
-    cos = torch.randn(9, 6, dtype=F64, requires_grad=True)
-    sin = torch.randn(9, 6, dtype=F64, requires_grad=True)
+    axes = torch.tensor([0, 1, 1, 2, 0, 2], device=device)
+    positions = torch.randint(0, 9, (2, 5, 3)).to(device)
+    x = torch.randn(2, 2, 5, 14, dtype=F64).to(device).requires_grad_(True)
+    cos = torch.randn(9, 6, dtype=F64).to(device).requires_grad_(True)
+    sin = torch.randn(9, 6, dtype=F64).to(device).requires_grad_(True)
 
     def fused(x, cos, sin):
         return apply_rope(x, cos, sin, positions=positions, axes=axes, rotary_dim=12)
 
     def gathered(x, cos, sin):
-        index, pair = positions.index_select(-1, axes)[:, None], torch.arange(6)
+        index = positions.index_select(-1, axes)[:, None]
+        pair = torch.arange(6, device=device)
         return apply_rope(x, cos[index, pair], sin[index, pair], rotary_dim=12)
 
     assert torch.autograd.gradcheck(fused, (x, cos, sin))
-    g = torch.randn(2, 2, 5, 14, dtype=F64)
+    g = torch.randn(2, 2, 5, 14, dtype=F64).to(device)
     for inputs in ((x, cos, sin), (x, cos.detach(), sin.detach())):
         got = torch.autograd.grad(fused(*inputs), [t for t in inputs if t.requires_grad], g)
         want = torch.autograd.grad(gathered(*inputs), [t for t in inputs if t.requires_grad], g)
@@ -433,6 +453,8 @@ def test_apply_rope_with_axes_is_differentiable():
 
 
 def test_apply_rope_with_axes_repeat_last_clamps_each_coordinate():
+    """CPU only: the ValueError for a position past the table is read on the host (on a GPU
+    it is a device-side assert)."""
     cos, sin = generate_rope_embeddings(10, 8)
     positions = torch.tensor([[3, 12, 9], [15, 2, 11]])
     axes = torch.tensor([0, 1, 2, 2])
@@ -445,61 +467,66 @@ def test_apply_rope_with_axes_repeat_last_clamps_each_coordinate():
         apply_rope(x, cos, sin, positions=positions, axes=axes)
 
 
-def test_rotary_embedding_computes_rows_of_mixed_frequencies():
+def test_rotary_embedding_computes_rows_of_mixed_frequencies(device):
     W = torch.randn(4, 2, dtype=F64)
-    rotary = RotaryEmbedding(8, frequencies=W)
+    rotary = RotaryEmbedding(8, frequencies=W).to(device)
     positions = torch.randint(0, 30, (6, 2))
-    cos, sin = rotary(positions=positions)
-    torch.testing.assert_close(cos.to(F64), exact_angles(positions, W).cos(), rtol=1e-6,
+    cos, sin = rotary(positions=positions.to(device))
+    assert cos.device == device
+    torch.testing.assert_close(cos.cpu().to(F64), exact_angles(positions, W).cos(), rtol=1e-6,
                                atol=1e-7)
     # the diagonal cache turns each pair by sum_a W[i, a]
     diag_cos, _ = rotary(seq_len=5)
-    torch.testing.assert_close(diag_cos.to(F64), exact_angles(
+    torch.testing.assert_close(diag_cos.cpu().to(F64), exact_angles(
         torch.arange(5)[:, None].expand(5, 2), W).cos(), rtol=1e-6, atol=1e-7)
 
 
-def test_text_on_the_diagonal_is_1d_rope_exactly():
-    """M-RoPE with t = h = w = m is 1D RoPE: the module equals the 1D module bit for bit."""
+def test_text_on_the_diagonal_is_1d_rope_exactly(device):
+    """M-RoPE with t = h = w = m is 1D RoPE: the module equals the 1D module bit for bit (on
+    a GPU within float32 rounding: the gathered rows and the offset may take other kernels)."""
     torch.manual_seed(0)
     mrope = StandardAttentionWithRoPE(256, 2, layout="half", bias=False,
                                       frequencies=axis_frequencies(128, QWEN2_SECTIONS, base=1e6))
     plain = StandardAttentionWithRoPE(256, 2, layout="half", bias=False, base=1e6)
     plain.load_state_dict(mrope.state_dict())
-    x = torch.randn(2, 12, 256)
-    diagonal = (3000 + torch.arange(12))[:, None].expand(12, 3)
-    assert torch.equal(mrope(x, x, x, positions=diagonal), plain(x, x, x, offset=3000))
-    assert torch.equal(mrope(x, x, x), plain(x, x, x))  # default positions: the diagonal
+    mrope, plain = mrope.to(device), plain.to(device)
+    x = torch.randn(2, 12, 256).to(device)
+    diagonal = (3000 + torch.arange(12, device=device))[:, None].expand(12, 3)
+    assert_same(mrope(x, x, x, positions=diagonal), plain(x, x, x, offset=3000))
+    assert_same(mrope(x, x, x), plain(x, x, x))  # default positions: the diagonal
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_attention_with_multi_axis_positions_equals_the_float64_reference(layout):
+def test_attention_with_multi_axis_positions_equals_the_float64_reference(layout, device):
     torch.manual_seed(1)
     W = axis_frequencies(16, [2, 3, 3], base=100.0)
-    module = StandardAttentionWithRoPE(32, 2, num_kv_heads=1, layout=layout, frequencies=W)
+    module = StandardAttentionWithRoPE(32, 2, num_kv_heads=1, layout=layout,
+                                       frequencies=W).to(device)
     positions = mrope_positions([2, (2, 2, 4), 3])
     n = positions.shape[0]
-    x = torch.randn(2, n, 32)
-    out = module(x, x, x, positions=positions, is_causal=True)
+    x = torch.randn(2, n, 32).to(device)
+    out = module(x, x, x, positions=positions.to(device), is_causal=True)
+    assert out.device == device
     angles = exact_angles(positions, W)
     ref, _ = attention_module_reference(module, x, x, x, angles, angles, causal=True)
-    torch.testing.assert_close(out.to(F64), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.cpu().to(F64), ref, rtol=1e-5, atol=1e-5)
     # per-batch positions (B, N, 3)
     shifted = torch.stack([positions, positions + 7])
-    out_b = module(x, x, x, positions=shifted)
+    out_b = module(x, x, x, positions=shifted.to(device))
     ref_b, _ = attention_module_reference(module, x, x, x, exact_angles(shifted, W),
                                           exact_angles(shifted, W))
-    torch.testing.assert_close(out_b.to(F64), ref_b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_b.cpu().to(F64), ref_b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_kv_cache_decoding_with_multi_axis_positions_equals_the_full_forward(layout):
+def test_kv_cache_decoding_with_multi_axis_positions_equals_the_full_forward(layout, device):
     torch.manual_seed(2)
     W = axis_frequencies(16, [4, 2, 2], base=100.0, order="interleaved")
     module = StandardAttentionWithRoPE(64, 4, num_kv_heads=2, layout=layout,
-                                       frequencies=W).double()
-    positions = mrope_positions([3, (1, 2, 4), 2, (2, 2, 2), 3])
+                                       frequencies=W).double().to(device)
+    positions = mrope_positions([3, (1, 2, 4), 2, (2, 2, 2), 3]).to(device)
     n, prefill = positions.shape[0], 6
-    x = torch.randn(1, n, 64, dtype=F64)
+    x = torch.randn(1, n, 64, dtype=F64).to(device)
     full = module(x, x, x, positions=positions, is_causal=True)
     cache = KVCache()
     steps = [module(x[:, :prefill], x[:, :prefill], x[:, :prefill],
@@ -535,15 +562,15 @@ def test_rope_mixed_init_turns_the_axial_directions_per_head():
     assert torch.equal(again.frequencies, mixed.frequencies)
 
 
-def test_rope_mixed_tables_and_gradcheck_reach_w():
-    mixed = RoPEMixed(8, 2, generator=torch.Generator().manual_seed(3)).double()
-    positions = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 5]])
+def test_rope_mixed_tables_and_gradcheck_reach_w(device):
+    mixed = RoPEMixed(8, 2, generator=torch.Generator().manual_seed(3)).double().to(device)
+    positions = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 5]], device=device)
     cos, sin = mixed(positions)
-    assert cos.shape == (1, 2, 4, 4) and cos.dtype == F64
+    assert cos.shape == (1, 2, 4, 4) and cos.dtype == F64 and cos.device == device
     for h in range(2):
-        ref = exact_angles(positions, mixed.frequencies[h].detach())
-        torch.testing.assert_close(cos[0, h], ref.cos(), rtol=1e-12, atol=1e-12)
-    x = torch.randn(1, 2, 4, 8, dtype=F64)
+        ref = exact_angles(positions.cpu(), mixed.frequencies[h].detach().cpu())
+        torch.testing.assert_close(cos[0, h].cpu(), ref.cos(), rtol=1e-12, atol=1e-12)
+    x = torch.randn(1, 2, 4, 8, dtype=F64).to(device)
 
     def rotated(W):
         cos, sin = torch.func.functional_call(mixed, {"frequencies": W}, (positions,))
@@ -556,12 +583,12 @@ def test_rope_mixed_tables_and_gradcheck_reach_w():
     assert mixed.frequencies.grad is not None and mixed.frequencies.grad.abs().sum() > 0
 
 
-def test_rope_mixed_batched_positions():
-    mixed = RoPEMixed(8, 2)
-    positions = torch.randint(0, 9, (3, 5, 2))
+def test_rope_mixed_batched_positions(device):
+    mixed = RoPEMixed(8, 2).to(device)
+    positions = torch.randint(0, 9, (3, 5, 2)).to(device)
     cos, _ = mixed(positions)
     assert cos.shape == (3, 2, 5, 4)
-    assert torch.equal(cos[1], mixed(positions[1])[0][0])
+    assert_same(cos[1], mixed(positions[1])[0][0], rtol=0, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -667,13 +694,15 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_named(case):
+    """CPU only: the messages do not depend on the device, and a bad position on a GPU is a
+    device-side assert, not a ValueError."""
     fn, error, match = BAD[case]
     with pytest.raises(error, match=match):
         fn()
 
 
-def test_one_d_behaviour_is_unchanged():
-    rotary = RotaryEmbedding(16)
+def test_one_d_behaviour_is_unchanged(device):
+    rotary = RotaryEmbedding(16).to(device)
     assert rotary.num_axes == 1 and rotary.frequencies is None
-    cos, _ = rotary(positions=torch.tensor([3, 1]))
-    assert torch.equal(cos, generate_rope_embeddings(4, 16)[0][[3, 1]])
+    cos, _ = rotary(positions=torch.tensor([3, 1], device=device))
+    assert_same(cos, generate_rope_embeddings(4, 16, device=device)[0][[3, 1]], **GPU_TABLES)

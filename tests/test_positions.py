@@ -1,6 +1,8 @@
 """ropelib.positions (issue 24, section 4): positions as models build them, checked against
 what Hugging Face's generation and packing collator build, and used to decode a left-padded
-batch with the attention module (each row must equal that row decoded alone)."""
+batch with the attention module (each row must equal that row decoded alone). The two
+Hugging Face checks run on the CPU: they compare the positions its generate and collator
+build there."""
 
 from __future__ import annotations
 
@@ -26,27 +28,30 @@ def left_padded_mask(lengths: list[int], total: int) -> torch.Tensor:
     return torch.tensor([[0] * (total - n) + [1] * n for n in lengths])
 
 
-def test_padding_mask_positions_written_out():
-    mask = left_padded_mask([4, 2, 0], 4)
-    expected = torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 0, 0]])
+def test_padding_mask_positions_written_out(device):
+    mask = left_padded_mask([4, 2, 0], 4).to(device)
+    expected = torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 0, 0]], device=device)
     for m in (mask, mask.bool(), mask.to(torch.uint8)):
         assert torch.equal(positions_from_padding_mask(m), expected)
     assert torch.equal(positions_from_padding_mask(mask, new_tokens=1), expected[:, -1:])
     assert positions_from_padding_mask(mask, new_tokens=np.int64(0)).shape == (3, 0)
 
 
-def test_positions_after_cache_written_out():
+def test_positions_after_cache_written_out(device):
     assert torch.equal(positions_after_cache(3, 5), torch.tensor([5, 6, 7]))
+    assert torch.equal(positions_after_cache(3, 5, device=device),
+                       torch.tensor([5, 6, 7], device=device))
     assert torch.equal(positions_after_cache(np.int64(2), np.int32(1)), torch.tensor([1, 2]))
-    assert torch.equal(positions_after_cache(2, torch.tensor([4, 0, 2], dtype=torch.int16)),
-                       torch.tensor([[4, 5], [0, 1], [2, 3]]))
+    offset = torch.tensor([4, 0, 2], dtype=torch.int16, device=device)
+    assert torch.equal(positions_after_cache(2, offset),
+                       torch.tensor([[4, 5], [0, 1], [2, 3]], device=device))
     assert positions_after_cache(0, 3).shape == (0,)
 
 
-def test_cu_seqlens_positions_written_out():
-    cu = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32)  # an empty document included
+def test_cu_seqlens_positions_written_out(device):
+    cu = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32, device=device)  # an empty document
     assert torch.equal(positions_from_cu_seqlens(cu),
-                       torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3]))
+                       torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3], device=device))
     assert positions_from_cu_seqlens(torch.tensor([0])).shape == (0,)
 
 
@@ -81,6 +86,7 @@ ERRORS = {
 
 @pytest.mark.parametrize("case", list(ERRORS))
 def test_errors_name_the_argument(case):
+    """CPU only: the messages do not depend on the device."""
     call, exc, pattern = ERRORS[case]
     with pytest.raises(exc, match=pattern):
         call()
@@ -137,7 +143,7 @@ def decode_left_padded(module, x: torch.Tensor, mask: torch.Tensor, steps: int) 
                    positions=positions_from_padding_mask(mask),
                    attn_mask=mask.bool()[:, None, None, :])]
     for t in range(steps):
-        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], 1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
         xt = x[:, length + t:length + t + 1]
         outs.append(module(xt, xt, xt, is_causal=True, kv_cache=cache,
                            positions=positions_after_cache(1, mask[:, :-1].sum(-1)),
@@ -162,7 +168,7 @@ def decode_alone(module, x: torch.Tensor, prompt: int, steps: int) -> torch.Tens
                                      {"rope_type": "dynamic", "factor": 2.0,
                                       "original_max_position_embeddings": 4}],
                          ids=["default", "yarn", "dynamic"])
-def test_left_padded_batch_decodes_like_each_row_alone(layout, scaling):
+def test_left_padded_batch_decodes_like_each_row_alone(layout, scaling, device):
     """Rows of 6, 3, 1 and 5 prompt tokens, left-padded to 6, then 5 decode steps, in
     float64: every real token's output equals that row decoded alone. With dynamic NTK the
     whole batch shares the frequencies of its longest row (as in Hugging Face), so there the
@@ -171,15 +177,16 @@ def test_left_padded_batch_decodes_like_each_row_alone(layout, scaling):
     fresh copy of the module."""
     torch.manual_seed(0)
     module = StandardAttentionWithRoPE(32, 4, num_kv_heads=2, layout=layout, scaling=scaling,
-                                       max_position_embeddings=4).double().eval()
-    mask = left_padded_mask(LENGTHS, 6)
+                                       max_position_embeddings=4).double().eval().to(device)
+    mask = left_padded_mask(LENGTHS, 6).to(device)
     steps = 5
-    x = torch.randn(len(LENGTHS), 6 + steps, 32, dtype=F64)
+    x = torch.randn(len(LENGTHS), 6 + steps, 32, dtype=F64).to(device)
     with torch.no_grad():
         batch = decode_left_padded(copy.deepcopy(module), x, mask, steps)
+        assert batch.device == device
         rows = [0] if scaling and scaling["rope_type"] == "dynamic" else range(len(LENGTHS))
         for row in rows:
-            real = torch.cat([mask[row].bool(), torch.ones(steps, dtype=torch.bool)])
+            real = torch.cat([mask[row].bool(), mask.new_ones(steps, dtype=torch.bool)])
             alone = decode_alone(copy.deepcopy(module), x[row:row + 1, real], LENGTHS[row],
                                  steps)
             torch.testing.assert_close(batch[row:row + 1, real], alone, rtol=1e-12, atol=1e-12)
