@@ -183,6 +183,7 @@ def test_exercise_code_is_inside_its_solution(browser, html_dir, page):
 
 CITATION = re.compile(r'<a class="reference internal" href="(?:[^"]*/)?bibliography\.html'
                       r'#([^"]+)"[^>]*>([^<]+)</a>')
+SPAN = re.compile(r'<span class="bibtex-citation"[^>]*>(.*?)</span>', re.S)
 LABEL = re.compile(r'<div class="citation" id="([^"]+)"[^>]*>\s*<span class="label">'
                    r'<span class="fn-bracket">\[</span>([^<]+)<')
 
@@ -194,11 +195,15 @@ def test_citations_tell_apart_works_of_one_author_and_year(html_dir):
     assert labels, "bibliography labels not found"
     text_of: dict[str, set[str]] = {}
     for page in built_pages(html_dir):
-        for target, text in CITATION.findall(page.read_text()):
-            text_of.setdefault(text.strip(), set()).add(target)
-            suffix = re.search(r"\d([a-z]*)$", labels[target])
-            if suffix and suffix.group(1):
-                assert text.strip().endswith(suffix.group(1)), (page.name, text, labels[target])
+        for span in SPAN.findall(page.read_text()):
+            # a textual citation names the authors outside its links: "Heo et al. [2024]"
+            authors = re.sub(r"<[^>]+>", "", span).split("[")[0].strip()
+            for target, text in CITATION.findall(span):
+                text_of.setdefault(f"{authors} {text.strip()}".strip(), set()).add(target)
+                suffix = re.search(r"\d([a-z]*)$", labels[target])
+                if suffix and suffix.group(1):
+                    assert text.strip().endswith(suffix.group(1)), (page.name, text,
+                                                                    labels[target])
     shared = {text: sorted(labels[t] for t in targets)
               for text, targets in text_of.items() if len(targets) > 1}
     assert not shared, f"one citation text for several entries: {shared}"

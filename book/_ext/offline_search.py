@@ -31,7 +31,9 @@ def _page_text(html: str) -> str:
     start, end = html.find("<article"), html.rfind("</article>")
     article = re.sub(r"<(script|style)\b.*?</\1>", " ", html[start:end],
                      flags=re.S)
-    text = unescape(re.sub(r"<[^>]+>", " ", article))
+    article = re.sub(r'<a class="headerlink".*?</a>', "", article, flags=re.S)
+    inline = r"</?(?:a|span|em|strong|code|b|i|sub|sup|abbr)\b[^>]*>"
+    text = unescape(re.sub(r"<[^>]+>", " ", re.sub(inline, "", article)))
     return re.sub(r"\s+", " ", text).strip()
 
 
