@@ -3,8 +3,8 @@
 Cells that format numbers for the prose (``shown(...)``, read by the ``{eval}`` role) are
 collapsed, in the HTML (tag ``hide-input``, or removed with ``remove-input`` /
 ``remove-cell``, or tag ``solution``: an exercise's code, shown inside its collapsed
-Solution dropdown, book/_ext/solutions.py) and in JupyterLab (``"jupyter": {"source_hidden": true}``), as chapter 9
-set the style.
+Solution dropdown, book/_ext/solutions.py) and in JupyterLab
+(``"jupyter": {"source_hidden": true}``), as chapter 9 set the style.
 """
 
 from __future__ import annotations
