@@ -25,3 +25,17 @@ def test_every_cited_key_is_in_the_bibliography():
             cited.update(k.strip() for k in group.split(","))
     missing = sorted(cited - keys)
     assert not missing, f"cited but not in references.bib: {missing}"
+
+
+def test_each_source_has_one_entry():
+    """One source, one entry: no URL (or DOI) appears under two keys."""
+    seen: dict[str, str] = {}
+    repeated = []
+    for key, entry in parse_file(str(BIB)).entries.items():
+        for name in ("url", "doi"):
+            value = entry.fields.get(name, "").strip().rstrip("/").lower()
+            if value and value in seen:
+                repeated.append(f"{key} and {seen[value]}: {value}")
+            elif value:
+                seen[value] = key
+    assert not repeated, f"sources with two entries: {repeated}"

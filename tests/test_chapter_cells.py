@@ -2,8 +2,9 @@
 
 Cells that format numbers for the prose (``shown(...)``, read by the ``{eval}`` role) are
 collapsed, in the HTML (tag ``hide-input``, or removed with ``remove-input`` /
-``remove-cell``) and in JupyterLab (``"jupyter": {"source_hidden": true}``), as chapter 9
-set the style.
+``remove-cell``, or tag ``solution``: an exercise's code, shown inside its collapsed
+Solution dropdown, book/_ext/solutions.py) and in JupyterLab
+(``"jupyter": {"source_hidden": true}``), as chapter 9 set the style.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))
-HIDING_TAGS = {"hide-input", "remove-input", "remove-cell"}
+HIDING_TAGS = {"hide-input", "remove-input", "remove-cell", "solution"}
 SHOWN_CALL = re.compile(r"\bshown\(")
 
 

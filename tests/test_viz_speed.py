@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
@@ -232,6 +233,20 @@ def test_roofline_draws_more_memory_roofs_under_the_same_compute_roof():
     assert legend[:2] == ["memory: 10 GB/s, 100 GFLOP/s", "cache: 50 GB/s"]
     with pytest.raises(ValueError, match="more_roofs\\['cache'\\] must be a bandwidth > 0"):
         draw_roofline(ax, 100e9, 10e9, {}, more_roofs={"cache": 0.0})
+    fig.canvas.draw()
+
+
+def test_roofline_points_stay_visible_when_they_overlap():
+    """Points at the same place are hollow, each in its own colour and shape, so the one
+    drawn first still shows as a ring around the one drawn over it."""
+    fig, ax = agg_axes()
+    draw_roofline(ax, 100e9, 10e9, {f"p{i}": (0.375, 2e9) for i in range(7)})
+    points = ax.get_lines()[2:]
+    assert len(points) == 7
+    assert all(line.get_markerfacecolor() == "none" for line in points)
+    colours = {to_hex(line.get_markeredgecolor()) for line in points}
+    assert len(colours) == 7
+    assert len({line.get_marker() for line in points}) == 7
     fig.canvas.draw()
 
 

@@ -190,6 +190,11 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     return ratios
 
 
+_POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_POINT_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+                  "tab:pink")
+
+
 def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
                   points: Mapping[str, tuple[float, float]], *,
                   intensity_range: tuple[float, float] = (1 / 16, 256.0),
@@ -200,7 +205,8 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
         ax: the Axes to draw on.
         peak_flops: the compute roof, in flop/s (e.g. measured with a matrix product).
         bandwidth: the memory roof's slope, in bytes/s (e.g. measured with a copy).
-        points: ``{label: (arithmetic intensity in flop/byte, achieved flop/s)}``.
+        points: ``{label: (arithmetic intensity in flop/byte, achieved flop/s)}``, drawn as
+            hollow markers, each in its own shape and colour.
         intensity_range: the x range, in flop/byte.
         label: the roofline's name in the legend.
         more_roofs: further memory roofs under the same compute roof, ``{name: bytes/s}``
@@ -230,11 +236,14 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
                 linestyle="--", linewidth=1, label=f"{name}: {other / 1e9:.0f} GB/s")
     ax.annotate(f"machine balance\n{balance:.1f} flop/byte", (balance, peak_flops / 1e9),
                 xytext=(4, -28), textcoords="offset points", fontsize="small", color="0.35")
-    markers = ("o", "s", "^", "D", "v", "P")
     for i, (label, (x, flops)) in enumerate(points.items()):
         if not (x > 0 and flops > 0):
             raise ValueError(f"points[{label!r}] must be (intensity > 0, flop/s > 0), got {(x, flops)}")
-        ax.plot([x], [flops / 1e9], markers[i % len(markers)], markersize=7, label=label)
+        # hollow markers of distinct shapes and colours: a point drawn over another leaves
+        # the one under it visible as a ring
+        ax.plot([x], [flops / 1e9], _POINT_MARKERS[i % len(_POINT_MARKERS)], markersize=8,
+                markerfacecolor="none", markeredgewidth=1.8,
+                color=_POINT_COLOURS[i % len(_POINT_COLOURS)], label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (flop / byte)")
