@@ -9,7 +9,6 @@ from 257 on.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -64,23 +63,13 @@ def rope_frequencies(
     return inv_freq.to(device=device, dtype=dtype)
 
 
-def reduced_angles(angles: torch.Tensor) -> torch.Tensor:
-    """float64 angles reduced to [-pi, pi) in float64, then rounded to float32: their cos and
-    sin in float32 are within float32 rounding of the float64 ones, however large the angle
-    (an angle of 10^6 rad rounded to float32 first would be off by up to 0.03 rad)."""
-    return (torch.remainder(angles + math.pi, 2 * math.pi) - math.pi).float()
-
-
 def _angles_to_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
                       device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles m * theta_i in float64, in ``dtype`` on ``device``. On a GPU,
-    for tables below float64, only the angle and its reduction to [-pi, pi) are float64 (a
-    multiply and a remainder); cos and sin are float32 there, where float64 cos and sin are
-    slow: the results stay within float32 rounding of the float64 ones at any position."""
+    """cos and sin of the angles m * theta_i, computed in float64 where the positions are
+    (on a GPU too: a few float64 operations per row, so the rows of any position equal the
+    CPU's float64 tables rounded to ``dtype``), in ``dtype`` on ``device``."""
     with torch.autocast("cpu", enabled=False):
         angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq
-        if angles.device.type != "cpu" and dtype != torch.float64:
-            angles = reduced_angles(angles)
         cos, sin = torch.cos(angles), torch.sin(angles)
         if attention_factor != 1.0:
             cos, sin = cos * attention_factor, sin * attention_factor
@@ -316,13 +305,10 @@ class RotaryEmbedding(nn.Module):
         device = current.cos.device if device is None else device
         dtype = torch.float64 if current is not None and current.cos.dtype == torch.float64 \
             else torch.float32
-        # computed on the CPU, then moved; on a GPU computed there as the rows of given
-        # positions are (traced_rows), so that both give the same numbers bit for bit
-        on = device if device.type not in ("cpu", "meta") else torch.device("cpu")
-        with torch.inference_mode(False), torch.device("cpu"):
+        with torch.inference_mode(False), torch.device("cpu"):  # computed there, then moved
             inv_freq, factor = self._frequencies(freq_len)
-            positions = torch.arange(length, dtype=torch.float64, device=on)
-            built = _Cache(*_angles_to_tables(positions, inv_freq.to(on), factor, device, dtype),
+            positions = torch.arange(length, dtype=torch.float64)
+            built = _Cache(*_angles_to_tables(positions, inv_freq, factor, device, dtype),
                            freq_len)
             inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         with _PUBLISH:

@@ -32,6 +32,8 @@ def device(request) -> torch.device:
     """Every available device; the CUDA cases skip cleanly on a machine without a GPU."""
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA is not available on this machine")
+    if request.param == "cuda":  # with its index, as tensors report it (cuda:0 != cuda)
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(request.param)
 
 

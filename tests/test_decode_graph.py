@@ -120,7 +120,8 @@ def test_decode_step_captured_and_replayed(how):
             with torch.cuda.graph(graph):
                 out = step(cache)
             run = graph.replay
-        else:
+        else:  # the cache's buffers are made by an eager step, outside the graph's memory
+            step(cache)
             compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
             run = None
         step(eager_cache)

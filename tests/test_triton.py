@@ -361,19 +361,17 @@ def test_a_bad_position_on_cuda_is_a_device_side_error():
     assert "device-side assert" in result.stderr or "positions must be >= 0" in result.stderr
 
 
-def test_float32_rows_from_reduced_float64_angles(device):
-    """The rows a GPU computes (tables grown there, rows in a compiled graph): the angle
-    m * theta_i and its reduction to [-pi, pi) in float64, cos and sin in float32, equal the
-    float64 values within float32 rounding at positions up to 2^20 (rounding the angle to
-    float32 first misses by up to 0.03)."""
-    from ropelib.tables import reduced_angles
+def test_rows_of_given_positions_equal_the_tables(device):
+    """The rows a module computes for given positions on the device (the route of a GPU and
+    of a compiled graph, RotaryEmbedding.traced_rows) equal its float64-computed tables
+    rounded to float32, at positions up to 2^20 (float64 angles there too)."""
+    from ropelib import RotaryEmbedding
 
-    positions = torch.cat([torch.arange(0, 4096), torch.randint(0, 2 ** 20, (4096,)),
-                           torch.tensor([2 ** 20 - 1])]).to(device)
-    angles = positions.to(F64)[:, None] * thetas(128).to(device)
-    reduced = reduced_angles(angles)
-    assert reduced.dtype == torch.float32
-    for f in (torch.cos, torch.sin):
-        error = (f(reduced).to(F64) - f(angles)).abs().max().item()
-        assert error < 4e-7, error
-    assert (torch.cos(angles.float()).to(F64) - torch.cos(angles)).abs().max() > 1e-2
+    rotary = RotaryEmbedding(128, max_position_embeddings=16).to(device)
+    positions = torch.cat([torch.arange(0, 64), torch.randint(0, 2 ** 20, (256,)),
+                           torch.tensor([2 ** 20 - 1])])
+    cos, sin = rotary.traced_rows(positions.to(device), None)
+    table = angles(positions, thetas(128))
+    for rows, f in ((cos, torch.cos), (sin, torch.sin)):
+        assert rows.dtype == torch.float32 and rows.device == device
+        torch.testing.assert_close(rows.cpu(), f(table).float(), rtol=0, atol=6e-8)
