@@ -302,3 +302,17 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, **close) -> None:
         assert torch.equal(got, want)
     else:
         torch.testing.assert_close(got.cpu(), want.cpu(), **close)
+
+
+def device_side_error(script: str) -> str:
+    """stderr of ``script`` run in a fresh Python process (after ``import torch``) followed by
+    ``torch.cuda.synchronize()``, which must fail: a device-side assert ends the CUDA context
+    of its process, so tests provoke one away from their own."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", f"import torch\n{script}\n"
+                             "torch.cuda.synchronize()\n"], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode != 0, result.stdout
+    return result.stderr

@@ -43,9 +43,9 @@ from ropelib import (
 from ropelib.multiaxis import axis_of_pairs
 
 F64 = torch.float64
-# Two ways to cos/sin rows on a GPU: float32 cos/sin of angles reduced to [-pi, pi) (rounded
-# by up to pi * 2^-24 = 1.9e-7 rad; CUDA's cosf within 2 ulps, 1.2e-7) and the float64 cos/sin
-# rounded to float32 (6e-8): under 3.7e-7 apart (on the CPU both are the float64 rounded)
+# Rows computed on a GPU and the CPU's tables: both float64 cos/sin rounded to float32, one
+# float32 ulp (1.2e-7) apart where the two devices' float64 cos differ in the last bit and
+# the rounding falls between them; bit-equal on the CPU
 GPU_TABLES = {"rtol": 0, "atol": 5e-7}
 QWEN2_SECTIONS, QWEN3_SECTIONS = [16, 24, 24], [24, 20, 20]
 
