@@ -295,8 +295,8 @@ def backend_name(x: torch.Tensor, rotary_dim: int) -> str:
 def assert_same(got: torch.Tensor, want: torch.Tensor, **close) -> None:
     """Two of ropelib's paths that must agree: bit for bit on the CPU, where both round the
     same float64 angles and products the same way; on a GPU, where one may run the Triton
-    kernel (float32, fused multiply-adds) and the other eager PyTorch, or build cos/sin from
-    float32 reduced angles, within float32 rounding (``close``: assert_close's rtol/atol)."""
+    kernel (float32, fused multiply-adds) and the other eager PyTorch, or compute cos/sin
+    there, within float32 rounding (``close``: assert_close's rtol/atol)."""
     assert got.device == want.device, (got.device, want.device)
     if got.device.type == "cpu":
         assert torch.equal(got, want)
