@@ -168,13 +168,18 @@ def draw_grid_accuracy(ax: Axes, results: Mapping[str, Mapping[str, Any]], *,
     maps grid size to accuracy); the training grid and chance level are marked."""
     if not results:
         raise ValueError("results must hold at least one method")
-    for method, entry in results.items():
+    # lines that coincide (several methods at 100%) stay apart by marker and dash
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1)))]
+    for index, (method, entry) in enumerate(results.items()):
         grids = sorted(entry["accuracy"])
-        ax.plot(grids, [100 * entry["accuracy"][g] for g in grids], "o-", label=method)
+        marker, dash = styles[index % len(styles)]
+        ax.plot(grids, [100 * entry["accuracy"][g] for g in grids], marker=marker,
+                linestyle=dash, markersize=7 - index % len(styles), markerfacecolor="none",
+                markeredgewidth=1.4, label=method)
     ax.axhline(100 * chance, color="0.5", ls=":", label="chance")
     ax.axvline(train_grid, color="0.5", ls="--", lw=1)
     ax.set_xticks(sorted({g for e in results.values() for g in e["accuracy"]}))
     ax.set_xlabel("grid size G (G x G patches)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="lower left")

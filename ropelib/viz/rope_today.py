@@ -72,7 +72,7 @@ def draw_pair_bands(fig: Figure, share: Mapping[str, Any], variation: Mapping[st
     left.set(xlabel="pair i (fast to slow)", ylabel="share of |score|")
     right.set(xlabel="pair i (fast to slow)", ylabel="change with distance")
     bars.set(xlabel="pair i (fast to slow)", ylabel="turns over the distances")
-    left.legend(fontsize="small")
+    left.legend(fontsize="small", loc="upper right")   # the fast pairs sit at the left
     fig.tight_layout()
     return left, right, bars
 
@@ -207,7 +207,8 @@ def draw_seed_spread(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, 
     ax.set_xticks(n, [f"{int(v)}" for v in n])
     ax.minorticks_off()
     ax.set(xlabel="sequence length", ylabel="accuracy", ylim=(-0.03, 1.03))
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+              frameon=False)                  # below the axes: the figure keeps its width
 
 
 def seed_table_html(lengths: Sequence[int], accuracies: Mapping[str, Any], *,
