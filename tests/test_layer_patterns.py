@@ -17,9 +17,11 @@ from ropelib.book.layer_patterns import (
     attention_stack,
     counting_batch,
     layer_inputs,
+    local_mask,
     pair_contributions,
     train,
     variant_layers,
+    variant_windows,
 )
 from ropelib.book.toy import IGNORE, lookback_batch
 
@@ -33,7 +35,13 @@ def test_variant_layers_name_the_five_schemes():
     assert [layer is None for layer in mixed] == [False, False, False, True] * 2
     assert variant_layers("partial 25%", 1)[0]["partial_rotary_factor"] == 0.25
     assert variant_layers("p-RoPE 25%", 1)[0]["rope_type"] == "proportional"
-    assert set(VARIANTS) == {"full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE"}
+    assert set(VARIANTS) == {"full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE",
+                             "local RoPE + global NoPE"}
+    assert variant_layers("local RoPE + global NoPE", 8) == mixed
+    assert variant_windows("local RoPE + global NoPE", 8, window=5) == (5, 5, 5, None) * 2
+    assert variant_windows("3:1 RoPE/NoPE", 4, window=5) == (None,) * 4
+    with pytest.raises(ValueError, match=r"window must be a positive int, got 0"):
+        variant_windows("NoPE", 2, window=0)
     with pytest.raises(ValueError, match=r"name must be one of .*got 'RoPE'"):
         variant_layers("RoPE", 2)
     with pytest.raises(ValueError, match=r"num_layers must be a positive int, got 0"):
@@ -162,3 +170,27 @@ def test_layer_inputs_are_what_the_blocks_read():
         h = model.block(i, h)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens, distances), model.readout(model.out_norm(h)))
+
+
+def test_local_layers_see_only_their_window():
+    window = 3
+    mask = local_mask(6, window)
+    expected = torch.tensor([[0 <= m - n < window for n in range(6)] for m in range(6)])
+    assert torch.equal(mask, expected)
+    assert torch.equal(local_mask(6, window, causal=False), expected | expected.T)
+    torch.manual_seed(0)
+    layers = variant_layers("local RoPE + global NoPE", 4)
+    model = PatternDecoder(PatternConfig(
+        layers=layers, windows=variant_windows("local RoPE + global NoPE", 4, window=window),
+        embed_dim=32, num_heads=2, vocab_size=8, max_distance=0)).double()
+    h = torch.randn(1, 10, 32, dtype=F64)
+    changed = h.clone()
+    changed[0, 2] += torch.randn(32, dtype=F64)  # a key 3 or more before the last query
+    for layer in range(3):                       # local RoPE layers: the last query misses it
+        out, out_changed = model.block(layer, h), model.block(layer, changed)
+        torch.testing.assert_close(out[0, 5:], out_changed[0, 5:], rtol=0, atol=0)
+        assert (out[0, 2:5] - out_changed[0, 2:5]).abs().max() > 1e-6
+    out, out_changed = model.block(3, h), model.block(3, changed)   # the global NoPE layer
+    assert (out[0, 5:] - out_changed[0, 5:]).abs().max() > 1e-6
+    with pytest.raises(ValueError, match=r"one window \(or None\) per layer: 4 layers, got 2"):
+        PatternDecoder(PatternConfig(layers=layers, windows=(3, None)))

@@ -75,6 +75,25 @@ def test_rope_tables_place_each_patch_as_named():
     cos, _ = mixed.rope_tables(5)
     assert cos.shape == (1, 2, 25, 4) and cos.requires_grad
     assert TinyViT("absolute").rope_tables(8) is None
+    ten, _ = TinyViT("rope-axial", base=10.0).rope_tables(12)
+    expected, _ = axis_tables(grid_positions(12),
+                              axis_frequencies(8, [2, 2], base=10.0, spectrum="per_axis"))
+    assert torch.equal(ten[0, 0], expected)
+
+
+def test_rope_mixed_learns_one_frequency_matrix_per_block():
+    # Heo et al.'s RoPE-Mixed (naver-ai/rope-vit): W per head and per layer
+    model = TinyViT("rope-mixed", num_layers=2, generator=torch.Generator().manual_seed(0))
+    W0, W1 = (m.frequencies for m in model.mixed)
+    assert W0.shape == W1.shape == (2, 4, 2) and not torch.allclose(W0, W1)
+    for layer, W in enumerate((W0, W1)):
+        cos, _ = model.rope_tables(3, layer)
+        expected, _ = axis_tables(grid_positions(3), W[1].detach().double())
+        torch.testing.assert_close(cos[0, 1].double(), expected.double(), rtol=0, atol=1e-6)
+    tokens, marked, labels = direction_batch(4, 3, max_distance=1,
+                                             generator=torch.Generator().manual_seed(1))
+    torch.nn.functional.cross_entropy(model(tokens, marked, 3), labels).backward()
+    assert W0.grad.abs().sum() > 0 and W1.grad.abs().sum() > 0   # each block uses its own
 
 
 def test_absolute_embeddings_are_resampled_to_other_grids():
@@ -98,6 +117,10 @@ def test_models_check_their_arguments():
         TinyViT("alibi")
     with pytest.raises(ValueError, match="multiple of 4"):
         TinyViT("rope-axial", embed_dim=12, num_heads=2)
+    with pytest.raises(ValueError, match="a label of bases must start with one of"):
+        run_experiment(["rope-axial"], bases={"alibi, base 10": 10.0}, progress=False)
+    with pytest.raises(ValueError, match="base must be a number > 1 or None, got 1.0"):
+        TinyViT("rope-axial", base=1.0)
     model = TinyViT("rope-axial")
     with pytest.raises(ValueError, match=r"tokens must be \(batch, grid \* grid\)"):
         model(torch.zeros(2, 10, dtype=torch.long), torch.zeros(2, dtype=torch.long), 3)

@@ -7,7 +7,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ropelib.viz.bugs import draw_onsets, first_above
+from ropelib.viz.bugs import draw_cells, draw_onsets, first_above
 
 
 def agg_axes():
@@ -45,6 +45,17 @@ def test_onsets_are_drawn_at_the_data_and_zeros_at_the_floor():
     fig.canvas.draw()
 
 
+def test_onsets_at_one_place_get_markers_of_different_shapes():
+    _, ax = agg_axes()
+    x = np.arange(4)
+    step = [0.0, 0.0, 0.5, 0.5]
+    draw_onsets(ax, {"a": (x, step), "b": (x, step)}, threshold=0.1, floor=1e-12,
+                xlabel="n", ylabel="e")
+    markers = [line for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
+    assert len(markers) == 2 and markers[0].get_marker() != markers[1].get_marker()
+    assert all(m.get_markerfacecolor() == "none" for m in markers)   # hollow: both visible
+
+
 def test_bad_data_is_refused_with_the_name_of_the_curve():
     _, ax = agg_axes()
     with pytest.raises(ValueError, match="at least one label"):
@@ -59,3 +70,20 @@ def test_bad_data_is_refused_with_the_name_of_the_curve():
         draw_onsets(ax, {"a": ([0], [0.0])}, threshold=0.0)
     with pytest.raises(ValueError, match=r"floor must be in \(0, threshold=0.1\)"):
         draw_onsets(ax, {"a": ([0], [0.0])}, threshold=0.1, floor=0.5)
+
+
+def test_cells_show_each_value_in_its_cell_and_refuse_ragged_rows():
+    _, ax = agg_axes()
+    draw_cells(ax, {"mask": [0, 1, 1], "position": [None, 0, 1]},
+               marked={"mask": [False, True, True]}, column_label="column")
+    texts = {(t.get_position(), t.get_text()) for t in ax.texts}
+    assert ((0.5, -0.5), "0") in texts and ((2.5, -1.5), "1") in texts
+    assert len(ax.texts) == 5                      # the pad cell stays empty
+    faces = [p.get_facecolor() for p in ax.patches]
+    assert len(faces) == 6 and faces[3] != faces[4]   # the pad is grey
+    assert faces[0] != faces[1]                       # a marked cell is shaded
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["mask", "position"]
+    with pytest.raises(ValueError, match="same number of cells"):
+        draw_cells(agg_axes()[1], {"a": [1, 2], "b": [1]})
+    with pytest.raises(ValueError, match="marked names rows that do not exist"):
+        draw_cells(agg_axes()[1], {"a": [1]}, marked={"b": [True]})

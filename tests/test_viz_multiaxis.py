@@ -11,7 +11,6 @@ from matplotlib.patches import Rectangle
 
 from ropelib import axis_frequencies, mrope_positions
 from ropelib.viz.multiaxis import (
-    accuracy_table_html,
     draw_axis_spectra,
     draw_grid_accuracy,
     draw_moving_key,
@@ -105,7 +104,7 @@ def test_axis_spectra_colour_each_pair_by_its_axis():
         draw_axis_spectra(agg_figure(), {"mixed": torch.ones(4, 3)})
 
 
-def test_grid_accuracy_and_table():
+def test_grid_accuracy():
     results = {"axial": {"accuracy": {8: 1.0, 16: 0.9}, "parameters": 10},
                "absolute": {"accuracy": {8: 0.8, 16: 0.5}, "parameters": 12}}
     fig = agg_figure()
@@ -114,9 +113,16 @@ def test_grid_accuracy_and_table():
     lines = {line.get_label(): line for line in ax.get_lines()}
     np.testing.assert_array_equal(lines["axial"].get_ydata(), [100.0, 90.0])
     np.testing.assert_array_equal(lines["absolute"].get_xdata(), [8, 16])
-    html = accuracy_table_html(results)
-    assert "<th>8 x 8</th><th>16 x 16</th>" in html
-    assert "<tr><td>absolute</td><td>12</td><td>80.0</td><td>50.0</td></tr>" in html
-    with pytest.raises(ValueError, match="no accuracy for grids"):
-        accuracy_table_html({"a": {"accuracy": {8: 1.0}, "parameters": 1},
-                             "b": {"accuracy": {16: 1.0}, "parameters": 1}})
+
+
+
+def test_score_maps_over_offsets():
+    fig = agg_figure()
+    grid = np.arange(25.0).reshape(5, 5)
+    (ax,) = draw_score_maps(fig, {"fit": grid}, labels=("dx", "dy"), radius=2,
+                            colorbar_label="value")
+    assert ax.get_xlabel() == "dx" and ax.get_ylabel() == "dy"
+    assert ax.images[0].get_extent() == [-2.5, 2.5, 2.5, -2.5]
+    np.testing.assert_array_equal(ax.images[0].get_array(), grid)
+    with pytest.raises(ValueError, match=r"radius 3 needs maps of shape \(7, 7\)"):
+        draw_score_maps(agg_figure(), {"fit": grid}, radius=3)

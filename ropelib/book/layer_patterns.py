@@ -5,7 +5,9 @@ each layer has its own position scheme, a rope config for ``StandardAttentionWit
 (``ropelib.scaling``: ``{"rope_type": "default"}``, a ``partial_rotary_factor``, p-RoPE's
 ``"proportional"``) or ``None`` for a layer without positions (NoPE). That is how today's
 models mix them: Llama 4 and SmolLM3 drop RoPE from every fourth layer, Gemma 4 uses p-RoPE
-in its global layers. ``VARIANTS`` names the five patterns the chapter compares.
+in its global layers; Llama 4 and Command A keep RoPE only in local layers (chunked or
+sliding-window attention) and drop it from their global ones. A layer can be local: it attends
+only to the last ``window`` keys. ``VARIANTS`` names the six patterns the chapter compares.
 
 ``train`` is the chapter's training loop (AdamW, fixed batches from a seeded generator),
 ``accuracy_by_length`` its evaluation, ``counting_batch`` a task that only a model which
@@ -29,11 +31,13 @@ from ..rotation import apply_rope
 from .toy import IGNORE, lookback_batch
 
 __all__ = ["VARIANTS", "PatternConfig", "PatternDecoder", "accuracy_by_length",
-           "attention_stack", "counting_batch", "layer_inputs", "pair_contributions", "train",
-           "variant_layers"]
+           "attention_stack", "counting_batch", "layer_inputs", "local_mask",
+           "pair_contributions", "train", "variant_layers", "variant_windows"]
 
-VARIANTS = ("full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE")
-"""The five position schemes of chapter 13's comparison (see ``variant_layers``)."""
+VARIANTS = ("full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE",
+            "local RoPE + global NoPE")
+"""The six position schemes of chapter 13's comparison (see ``variant_layers`` and
+``variant_windows``)."""
 
 
 def variant_layers(name: str, num_layers: int, *, base: float = 10000.0
@@ -46,8 +50,11 @@ def variant_layers(name: str, num_layers: int, *, base: float = 10000.0
     - ``"p-RoPE 25%"``: the fastest quarter of the pairs keep base^(-2i/d), the others do not
       rotate (Barbero et al. 2024; Gemma 4's global layers).
     - ``"NoPE"``: no layer has positions; only the causal mask breaks the symmetry.
-    - ``"3:1 RoPE/NoPE"``: full RoPE in three layers of four, NoPE in every fourth (Llama 4's
-      iRoPE, SmolLM3).
+    - ``"3:1 RoPE/NoPE"``: full RoPE in three layers of four, NoPE in every fourth, every
+      layer global (SmolLM3).
+    - ``"local RoPE + global NoPE"``: the same 3:1 pattern, but the RoPE layers are local
+      (``variant_windows``): Command A's sliding-window RoPE layers and Llama 4's chunked
+      ones (iRoPE), with global NoPE layers.
     """
     rope = {"rope_type": "default", "rope_theta": base}
     per_layer = {
@@ -57,12 +64,36 @@ def variant_layers(name: str, num_layers: int, *, base: float = 10000.0
                                  "rope_theta": base},
         "NoPE": lambda i: None,
         "3:1 RoPE/NoPE": lambda i: None if i % 4 == 3 else rope,
+        "local RoPE + global NoPE": lambda i: None if i % 4 == 3 else rope,
     }
     if name not in per_layer:
         raise ValueError(f"name must be one of {VARIANTS}, got {name!r}")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
     return tuple(per_layer[name](i) for i in range(num_layers))
+
+
+def variant_windows(name: str, num_layers: int, *, window: int
+                    ) -> tuple[int | None, ...]:
+    """The attention window of each layer of one of ``VARIANTS``: ``window`` for the local
+    RoPE layers of ``"local RoPE + global NoPE"``, ``None`` (global) for every other layer."""
+    layers = variant_layers(name, num_layers)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    local = name == "local RoPE + global NoPE"
+    return tuple(window if local and layer is not None else None for layer in layers)
+
+
+def local_mask(seq: int, window: int, *, causal: bool = True) -> torch.Tensor:
+    """Boolean mask ``(seq, seq)`` (True = may attend) of a local layer: query m sees key n
+    when ``0 <= m - n < window`` (``causal``), or ``|m - n| < window`` (both directions)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    pos = torch.arange(seq)
+    distance = pos[:, None] - pos[None, :]
+    if causal:
+        return (distance >= 0) & (distance < window)
+    return distance.abs() < window
 
 
 def attention_stack(embed_dim: int, num_heads: int, layers: Sequence[Mapping | None], *,
@@ -82,10 +113,12 @@ class PatternConfig:
     """Sizes of a ``PatternDecoder``; ``layers`` holds one rope config (or None) per layer.
 
     ``max_distance`` > 0 adds chapter 10's distance embedding (the look-back task's second
-    input); 0 leaves it out (a task of tokens alone).
+    input); 0 leaves it out (a task of tokens alone). ``windows`` gives each layer an attention
+    window (``local_mask``) or ``None`` (global); ``None`` for the whole field: all global.
     """
 
     layers: tuple[Mapping | None, ...]
+    windows: tuple[int | None, ...] | None = None
     vocab_size: int = 16
     max_distance: int = 16
     embed_dim: int = 64
@@ -106,6 +139,9 @@ class PatternDecoder(nn.Module):
         super().__init__()
         if not config.layers:
             raise ValueError("config.layers must name at least one layer")
+        if config.windows is not None and len(config.windows) != len(config.layers):
+            raise ValueError(f"config.windows must give one window (or None) per layer: "
+                             f"{len(config.layers)} layers, got {len(config.windows)} windows")
         for name in ("vocab_size", "embed_dim", "num_heads"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -140,7 +176,12 @@ class PatternDecoder(nn.Module):
     def block(self, i: int, h: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
         """Block i (attention, then MLP, each added to the residual stream) applied to h."""
         x = self.attn_norms[i](h)
-        h = h + self.attns[i](x, x, x, is_causal=causal)
+        window = None if self.config.windows is None else self.config.windows[i]
+        if window is None:
+            h = h + self.attns[i](x, x, x, is_causal=causal)
+        else:
+            mask = local_mask(h.shape[1], window, causal=causal).to(h.device)
+            h = h + self.attns[i](x, x, x, attn_mask=mask)
         return h + self.mlps[i](self.mlp_norms[i](h))
 
     def forward(self, tokens: torch.Tensor, distances: torch.Tensor | None = None, *,

@@ -15,15 +15,16 @@ the four directions at A's token. ``position`` picks how positions enter:
 - ``"rope-1d"``: 1D RoPE over the raster order (row * G + column).
 - ``"rope-axial"``: axial 2D RoPE, ``axis_frequencies(d, [d/4, d/4], spectrum="per_axis")``,
   positions (row, column).
-- ``"rope-mixed"``: RoPE-Mixed (Heo et al. 2024), learnable frequencies per head.
+- ``"rope-mixed"``: RoPE-Mixed (Heo et al. 2024), learnable frequencies per head and per
+  layer, as in the paper's code (naver-ai/rope-vit): each block has its own ``RoPEMixed``.
 
-The RoPE bases follow Heo et al.: 100 for the fixed frequencies, 10 for RoPE-Mixed's
-initialization. Needs only torch.
+The RoPE bases follow Heo et al. unless ``base`` is given: 100 for the fixed frequencies, 10
+for RoPE-Mixed's initialization. Needs only torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -99,11 +100,13 @@ class TinyViT(nn.Module):
         grid: the training grid (the absolute embedding's size).
         embed_dim, num_heads, num_layers, vocab_size: sizes (head_dim a multiple of 4).
         generator: random generator for RoPE-Mixed's initial directions.
+        base: the RoPE base (None: 100, or 10 for ``"rope-mixed"``'s initialization).
     """
 
     def __init__(self, position: str, *, grid: int = 8, embed_dim: int = 16, num_heads: int = 2,
                  num_layers: int = 2, vocab_size: int = 8,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, base: float | None = None
+                 ) -> None:
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
@@ -114,17 +117,23 @@ class TinyViT(nn.Module):
         if embed_dim % num_heads or head_dim % 4:
             raise ValueError(f"embed_dim / num_heads must be a multiple of 4, got {embed_dim} / "
                              f"{num_heads}")
+        if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float))
+                                 or not base > 1):
+            raise ValueError(f"base must be a number > 1 or None, got {base!r}")
         self.position, self.grid, self.head_dim = position, grid, head_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         if position == "absolute":
             # the scale of the token embeddings (nn.Embedding draws N(0, 1))
             self.absolute = nn.Parameter(torch.randn(1, embed_dim, grid, grid))
         elif position == "rope-mixed":
-            self.mixed = RoPEMixed(head_dim, num_heads, base=10.0, generator=generator)
+            self.mixed = nn.ModuleList(
+                RoPEMixed(head_dim, num_heads, base=10.0 if base is None else float(base),
+                          generator=generator) for _ in range(num_layers))
         else:
             sections = [head_dim // 2] if position == "rope-1d" else [head_dim // 4] * 2
             self.register_buffer("frequencies", axis_frequencies(
-                head_dim, sections, base=100.0, spectrum="per_axis"), persistent=False)
+                head_dim, sections, base=100.0 if base is None else float(base),
+                spectrum="per_axis"), persistent=False)
         self.attn_norms = nn.ModuleList(nn.LayerNorm(embed_dim) for _ in range(num_layers))
         self.attns = nn.ModuleList(
             StandardAttentionWithRoPE(embed_dim, num_heads, rope=position != "absolute")
@@ -144,14 +153,16 @@ class TinyViT(nn.Module):
             self.absolute, size=(grid, grid), mode="bicubic", align_corners=False)
         return table.flatten(2).transpose(1, 2)
 
-    def rope_tables(self, grid: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The ``(cos, sin)`` rows of a ``grid x grid`` image, ``(1, 1 or heads, N, d/2)``
-        (None for ``"absolute"``)."""
+    def rope_tables(self, grid: int, layer: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The ``(cos, sin)`` rows of a ``grid x grid`` image in block ``layer``,
+        ``(1, 1 or heads, N, d/2)`` (None for ``"absolute"``); only RoPE-Mixed's differ
+        from block to block."""
         patches = grid_positions(grid)
         if self.position == "absolute":
             return None
         if self.position == "rope-mixed":
-            return self.mixed(patches)
+            return self.mixed[layer](patches)
         if self.position == "rope-1d":
             patches = (patches[:, 0] * grid + patches[:, 1])[:, None]  # raster order
         cos, sin = axis_tables(patches, self.frequencies)
@@ -165,9 +176,10 @@ class TinyViT(nn.Module):
         h = self.embedding(tokens)
         if self.position == "absolute":
             h = h + self.absolute_table(grid)
-        tables = self.rope_tables(grid)
-        for attn_norm, attn, mlp_norm, mlp in zip(self.attn_norms, self.attns, self.mlp_norms,
-                                                  self.mlps, strict=True):
+        shared = None if self.position == "rope-mixed" else self.rope_tables(grid)
+        for i, (attn_norm, attn, mlp_norm, mlp) in enumerate(zip(
+                self.attn_norms, self.attns, self.mlp_norms, self.mlps, strict=True)):
+            tables = self.rope_tables(grid, i) if self.position == "rope-mixed" else shared
             x = attn_norm(h)
             h = h + attn(x, x, x, rope_embeddings=tables)
             h = h + mlp(mlp_norm(h))
@@ -218,25 +230,34 @@ def direction_accuracy(model: TinyViT, grid: int, *, samples: int = 512, seed: i
 
 def run_experiment(positions: Sequence[str] = POSITIONS, *, test_grids: Sequence[int] = (8, 12, 16),
                    steps: int = 600, seed: int = 0, samples: int = 512, progress: bool = True,
-                   **train) -> dict[str, dict]:
+                   bases: Mapping[str, float] | None = None, **train) -> dict[str, dict]:
     """Train one model per position method on 8 x 8 grids and test it on each grid size.
 
-    Returns ``{position: {"accuracy": {grid: accuracy}, "losses": [...], "parameters": n}}``.
+    ``bases`` adds runs of RoPE methods with another base: ``{label: base}`` where a label
+    starts with the method's name, e.g. ``{"rope-mixed, base 100": 100.0}``.
+    Returns ``{label: {"accuracy": {grid: accuracy}, "losses": [...], "parameters": n}}``.
     A tqdm bar counts the training steps of all models when ``progress``.
     """
+    runs = [(position, position, None) for position in positions]
+    for label, base in (bases or {}).items():
+        method = next((p for p in POSITIONS[1:] if label.startswith(p)), None)
+        if method is None:
+            raise ValueError(f"a label of bases must start with one of {POSITIONS[1:]}, got "
+                             f"{label!r}")
+        runs.append((label, method, base))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps * len(positions), desc="training", unit="step")
+        bar = tqdm(total=steps * len(runs), desc="training", unit="step")
     results = {}
     try:
-        for position in positions:
+        for label, position, base in runs:
             if bar is not None:
-                bar.set_postfix_str(position)
-            model, losses = train_vit(position, steps=steps, seed=seed,
+                bar.set_postfix_str(label)
+            model, losses = train_vit(position, steps=steps, seed=seed, base=base,
                                       on_step=None if bar is None else bar.update, **train)
-            results[position] = {
+            results[label] = {
                 "accuracy": {g: direction_accuracy(model, g, samples=samples) for g in test_grids},
                 "losses": losses,
                 "parameters": sum(p.numel() for p in model.parameters()),

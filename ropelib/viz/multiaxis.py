@@ -4,14 +4,12 @@
 (and a key) marked; ``draw_moving_key`` is its ``draw(fig, dy, dx)`` form for sliders, where
 the key sits at an offset from the grid's centre. ``draw_mrope_positions`` draws the
 (t, h, w) positions of a text/image/video sequence, ``draw_axis_spectra`` the frequency of
-every pair coloured by its axis, ``draw_grid_accuracy`` and ``accuracy_table_html`` the tiny
-ViT experiment.
+every pair coloured by its axis, ``draw_grid_accuracy`` the tiny ViT experiment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from html import escape
 from typing import Any
 
 import numpy as np
@@ -19,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-__all__ = ["AXIS_COLORS", "accuracy_table_html", "draw_axis_spectra", "draw_grid_accuracy",
+__all__ = ["AXIS_COLORS", "draw_axis_spectra", "draw_grid_accuracy",
            "draw_moving_key", "draw_mrope_positions", "draw_score_maps"]
 
 AXIS_COLORS = ("tab:blue", "tab:orange", "tab:green")
@@ -42,10 +40,12 @@ def _mark(ax: Axes, cell: tuple[int, int], color: str, label: str) -> None:
 
 
 def draw_score_maps(fig: Figure, maps: Mapping[str, Any], *, query: tuple[int, int] | None = None,
-                    key: tuple[int, int] | None = None, colorbar_label: str = "score"
+                    key: tuple[int, int] | None = None, colorbar_label: str = "score",
+                    labels: tuple[str, str] = ("column", "row"), radius: int | None = None
                     ) -> list[Axes]:
     """One panel per ``(title, (G, G) map)``, a shared colour scale, the query patch outlined
-    in white and the key patch in red.
+    in white and the key patch in red. ``labels`` names the (x, y) axes; with ``radius`` R
+    the cells are offsets -R .. R (G = 2R + 1) instead of indices 0 .. G - 1.
 
     Returns the panels' Axes; their images hold the maps unchanged.
     """
@@ -55,6 +55,12 @@ def draw_score_maps(fig: Figure, maps: Mapping[str, Any], *, query: tuple[int, i
     shapes = {a.shape for a in arrays.values()}
     if len(shapes) != 1:
         raise ValueError(f"every map must have the same (G, G) shape, got {sorted(shapes)}")
+    extent = None
+    if radius is not None:
+        if shapes != {(2 * radius + 1,) * 2}:
+            raise ValueError(f"radius {radius} needs maps of shape {(2 * radius + 1,) * 2}, "
+                             f"got {shapes.pop()}")
+        extent = (-radius - 0.5, radius + 0.5, radius + 0.5, -radius - 0.5)
     low = min(a.min() for a in arrays.values())
     high = max(a.max() for a in arrays.values())
     if fig.get_layout_engine() is None:
@@ -62,10 +68,11 @@ def draw_score_maps(fig: Figure, maps: Mapping[str, Any], *, query: tuple[int, i
     axes = list(np.atleast_1d(fig.subplots(1, len(arrays))))
     image = None
     for ax, (title, array) in zip(axes, arrays.items(), strict=True):
-        image = ax.imshow(array, cmap="viridis", vmin=low, vmax=high if high > low else low + 1)
+        image = ax.imshow(array, cmap="viridis", vmin=low, vmax=high if high > low else low + 1,
+                          extent=extent)
         ax.set_title(title)
-        ax.set_xlabel("column")
-        ax.set_ylabel("row")
+        ax.set_xlabel(labels[0])
+        ax.set_ylabel(labels[1])
         if query is not None:
             _mark(ax, query, "white", "query")
         if key is not None:
@@ -161,32 +168,18 @@ def draw_grid_accuracy(ax: Axes, results: Mapping[str, Mapping[str, Any]], *,
     maps grid size to accuracy); the training grid and chance level are marked."""
     if not results:
         raise ValueError("results must hold at least one method")
-    for method, entry in results.items():
+    # lines that coincide (several methods at 100%) stay apart by marker and dash
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1)))]
+    for index, (method, entry) in enumerate(results.items()):
         grids = sorted(entry["accuracy"])
-        ax.plot(grids, [100 * entry["accuracy"][g] for g in grids], "o-", label=method)
+        marker, dash = styles[index % len(styles)]
+        ax.plot(grids, [100 * entry["accuracy"][g] for g in grids], marker=marker,
+                linestyle=dash, markersize=7 - index % len(styles), markerfacecolor="none",
+                markeredgewidth=1.4, label=method)
     ax.axhline(100 * chance, color="0.5", ls=":", label="chance")
     ax.axvline(train_grid, color="0.5", ls="--", lw=1)
     ax.set_xticks(sorted({g for e in results.values() for g in e["accuracy"]}))
     ax.set_xlabel("grid size G (G x G patches)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)
-    ax.legend(fontsize="small")
-
-
-def accuracy_table_html(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """An HTML table: one row per method (with its parameter count), one column per grid
-    size, accuracies in percent with one decimal."""
-    if not results:
-        raise ValueError("results must hold at least one method")
-    grids = sorted({g for entry in results.values() for g in entry["accuracy"]})
-    head = "".join(f"<th>{g} x {g}</th>" for g in grids)
-    rows = []
-    for method, entry in results.items():
-        missing = [g for g in grids if g not in entry["accuracy"]]
-        if missing:
-            raise ValueError(f"results[{method!r}] has no accuracy for grids {missing}")
-        cells = "".join(f"<td>{100 * float(entry['accuracy'][g]):.1f}</td>" for g in grids)
-        rows.append(f"<tr><td>{escape(method)}</td><td>{int(entry['parameters'])}</td>{cells}"
-                    "</tr>")
-    return (f"<table><thead><tr><th>position</th><th>parameters</th>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+    ax.legend(fontsize="small", loc="lower left")

@@ -8,11 +8,14 @@
 - ``draw_layer_patterns``: a grid, one row per architecture, one cell per layer, coloured by
   what the layer does with positions.
 - ``draw_accuracy_by_position_bars``: accuracy per position for a few models (NoPE's task).
+- ``draw_seed_spread`` and ``seed_table_html``: accuracy against length over several seeds,
+  mean and range (the comparison of the toy models).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from html import escape
 from typing import Any
 
 import numpy as np
@@ -22,11 +25,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 __all__ = ["LAYER_KINDS", "draw_accuracy_by_position_bars", "draw_layer_patterns",
-           "draw_pair_bands", "draw_spectra", "draw_stretch_factors"]
+           "draw_pair_bands", "draw_seed_spread", "draw_spectra", "draw_stretch_factors",
+           "seed_table_html"]
 
 LAYER_KINDS = {
     "RoPE": "#1f77b4",
     "RoPE, sliding window": "#9ecae1",
+    "RoPE, chunked": "#6baed6",
     "p-RoPE": "#ff7f0e",
     "NoPE": "#d9d9d9",
     "linear attention": "#2ca02c",
@@ -42,19 +47,18 @@ def _vector(name: str, values: Any) -> np.ndarray:
 
 
 def draw_pair_bands(fig: Figure, share: Mapping[str, Any], variation: Mapping[str, Any], *,
-                    turns: Any) -> tuple[Axes, Axes]:
-    """Two panels over the pair index i, one line per layer (or head).
+                    turns: Any) -> tuple[Axes, Axes, Axes]:
+    """Three panels over the pair index i, one line per layer (or head) in the first two.
 
     Left: the share of the score's magnitude that pair i carries (the shares of one line sum
-    to 1). Right: how much pair i's contribution changes with the distance (0: not at all),
-    above the number of turns pair i makes over the distances the task uses (``turns``, the
-    grey bars, right axis).
+    to 1). Middle: how much pair i's contribution changes with the distance (0: not at all).
+    Right: the number of turns pair i makes over the distances the task uses (``turns``).
     """
     if not share or share.keys() != variation.keys():
         raise ValueError("share and variation must hold the same, non-empty set of lines, got "
                          f"{list(share)} and {list(variation)}")
     turns = _vector("turns", turns)
-    left, right = fig.subplots(1, 2)
+    left, right, bars = fig.subplots(1, 3, sharex=True)
     for label in share:
         s, v = _vector(f"share[{label!r}]", share[label]), _vector(f"variation[{label!r}]",
                                                                   variation[label])
@@ -64,22 +68,20 @@ def draw_pair_bands(fig: Figure, share: Mapping[str, Any], variation: Mapping[st
         pairs = np.arange(s.size)
         left.plot(pairs, s, marker="o", markersize=3, label=label)
         right.plot(pairs, v, marker="o", markersize=3, label=label)
-    twin = right.twinx()
-    twin.bar(np.arange(turns.size), turns, color="0.85", zorder=0)
-    twin.set_ylabel("turns over the task's distances")
-    right.set_zorder(twin.get_zorder() + 1)
-    right.patch.set_visible(False)
+    bars.bar(np.arange(turns.size), turns, color="0.6")
     left.set(xlabel="pair i (fast to slow)", ylabel="share of |score|")
     right.set(xlabel="pair i (fast to slow)", ylabel="change with distance")
-    left.legend(fontsize="small")
+    bars.set(xlabel="pair i (fast to slow)", ylabel="turns over the distances")
+    left.legend(fontsize="small", loc="upper right")   # the fast pairs sit at the left
     fig.tight_layout()
-    return left, right
+    return left, right, bars
 
 
 def draw_spectra(ax: Axes, spectra: Mapping[str, Any], *, channels: Mapping[str, Any]) -> None:
     """Frequency against channel position (log y): each spectrum's pairs plotted at the first
     channel of the pair in the head (``channels[label]``); a frequency of 0 (a pair that
-    never rotates) is drawn as a cross on a line a decade below the smallest frequency."""
+    never rotates) cannot sit on a log axis: it is drawn as a cross on a line a decade below
+    the smallest frequency, whose tick reads 0, with a break in the axis above it."""
     if not spectra or spectra.keys() != channels.keys():
         raise ValueError("spectra and channels must name the same, non-empty set of lines")
     lines = {}
@@ -101,6 +103,17 @@ def draw_spectra(ax: Axes, spectra: Mapping[str, Any], *, channels: Mapping[str,
         ax.plot(where[~rotating], np.full((~rotating).sum(), floor), linestyle="none",
                 marker="x", markersize=4, color=line.get_color())
     ax.set_yscale("log")
+    if any(not (theta > 0).all() for theta, _ in lines.values()):
+        top = max(theta.max() for theta, _ in lines.values())
+        decades = 10.0 ** np.arange(np.ceil(np.log10(floor * 10)), np.log10(top) + 1, 2)
+        ax.set_yticks([floor, *decades], ["0", *(f"$10^{{{int(np.log10(v))}}}$"
+                                                 for v in decades)])
+        ax.minorticks_off()
+        gap = floor * 10 ** 0.5                     # the axis break, between 0 and the rest
+        ax.axhline(gap, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)))
+        ax.annotate("axis break", (1.0, gap), xycoords=("axes fraction", "data"),
+                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom",
+                    fontsize="small", color="0.4")
     ax.set(xlabel="channel of the head", ylabel=r"$\theta$ (rad per position)")
     ax.legend(fontsize="small")
 
@@ -157,3 +170,65 @@ def draw_accuracy_by_position_bars(ax: Axes, accuracy: Mapping[str, Any], *,
         ax.axhline(chance, color="0.4", linestyle=":", label="chance")
     ax.set(xlabel="position m", ylabel="accuracy", ylim=(-0.03, 1.03))
     ax.legend(fontsize="small")
+
+
+def _seed_matrix(label: str, values: Any, n_lengths: int) -> np.ndarray:
+    runs = np.asarray(values, dtype=float)
+    if runs.ndim != 2 or runs.shape[0] == 0 or runs.shape[1] != n_lengths:
+        raise ValueError(f"accuracies[{label!r}] must be (seeds, lengths) with {n_lengths} "
+                         f"lengths and at least one seed, got shape {runs.shape}")
+    if np.any((runs < 0) | (runs > 1)):
+        raise ValueError(f"accuracies[{label!r}] must lie in [0, 1], got {runs.tolist()}")
+    return runs
+
+
+def draw_seed_spread(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, Any], *,
+                     train_length: int, chance: float | None = None) -> None:
+    """Accuracy against length (log2 x): per model the mean over its seeds (line) and the
+    range from the worst to the best seed (error bar). ``accuracies[label]`` is
+    ``(seeds, lengths)``; the training length is a dashed vertical line, chance dotted."""
+    n = np.asarray(lengths, dtype=float)
+    if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
+        raise ValueError(f"lengths must be a non-empty sequence of positive numbers, got "
+                         f"{lengths!r}")
+    if not accuracies:
+        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    for label, values in accuracies.items():
+        runs = _seed_matrix(label, values, n.size)
+        mean = runs.mean(0)
+        ax.errorbar(n, mean, yerr=[mean - runs.min(0), runs.max(0) - mean], marker="o",
+                    markersize=4, capsize=3, label=f"{label} ({runs.shape[0]} seeds)"
+                    if runs.shape[0] > 1 else f"{label} (1 seed)")
+    ax.axvline(train_length, color="0.5", linewidth=1, linestyle="--",
+               label="training length")
+    if chance is not None:
+        ax.axhline(chance, color="0.5", linewidth=1, linestyle=":", label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n, [f"{int(v)}" for v in n])
+    ax.minorticks_off()
+    ax.set(xlabel="sequence length", ylabel="accuracy", ylim=(-0.03, 1.03))
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+              frameon=False)                  # below the axes: the figure keeps its width
+
+
+def seed_table_html(lengths: Sequence[int], accuracies: Mapping[str, Any], *,
+                    train_length: int, caption: str | None = None) -> str:
+    """An HTML table, one row per model, one column per length: the mean accuracy over the
+    seeds in percent and, for several seeds, the range (worst to best seed) below it; an
+    optional ``caption`` above it."""
+    if not accuracies:
+        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    pad = ' style="padding: 0.25em 0.75em; text-align: right"'
+    head = "".join(f"<th{pad}>{n} tokens ({n / train_length:g}x)</th>" for n in lengths)
+    rows = []
+    for label, values in accuracies.items():
+        runs = 100 * _seed_matrix(label, values, len(lengths))
+        cells = "".join(
+            f"<td{pad}>{m:.1f}%" + (f"<br><small>{lo:.1f}&ndash;{hi:.1f}</small>"
+                                   if runs.shape[0] > 1 else "") + "</td>"
+            for m, lo, hi in zip(runs.mean(0), runs.min(0), runs.max(0), strict=True))
+        rows.append(f'<tr><td style="padding: 0.25em 0.75em">{escape(label)} '
+                    f"({runs.shape[0]} seed{'s' if runs.shape[0] > 1 else ''})</td>{cells}</tr>")
+    top = "" if caption is None else f"<caption>{escape(caption)}</caption>"
+    return (f'<table>{top}<thead><tr><th style="padding: 0.25em 0.75em">model</th>'
+            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
