@@ -448,12 +448,7 @@ class StandardAttentionWithRoPE(nn.Module):
         float64 like the tables), with the frequencies of length ``end``. A
         length-dependent rope type would use a longer length for a position at or past
         ``end`` in eager mode; the graph asserts there is none. q and k at the same
-        positions share their rows and rotate in one launch."""``_rotate`` without reading the positions on the host (under a compiler or
-        tracer, and on a GPU): the tables cannot grow to the largest position, so the rows
-        of every position are computed on the device (``RotaryEmbedding.traced_rows``, in
-        float64 like the tables), with the frequencies of length ``end``. A length-dependent rope type would use a longer length for a position
-        at or past ``end`` in eager mode; the graph asserts there is none. q and k at the
-        same positions share their rows and rotate in one launch."""
+        positions share their rows and rotate in one launch."""
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
         shared = (key_positions is positions and q.shape[-2] == k.shape[-2]
                   and q.shape[:-3] == k.shape[:-3])
