@@ -377,3 +377,24 @@ def test_compiles_into_a_fresh_cache_dir(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         native._load.cache_clear()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_coordinate_per_token_without_axes(layout):
+    """The operators' positions without axes (one coordinate per token, what apply_rope hands
+    a GPU): the compiled loop reads every pair of a token from its one table row, like the
+    eager gather and the float64 rotation."""
+    x = torch.randn(3, 2, 5, 16)
+    cos, sin = generate_rope_embeddings(40, 16)
+    positions = torch.randint(0, 40, (3, 5))
+    coordinates = positions[:, None, :, None]
+    assert native.declines([x], [None], cos, sin, 16, coordinates) is None
+    compiled = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    previous = native.set_enabled(False)
+    try:
+        by_gather = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    finally:
+        native.set_enabled(previous)
+    torch.testing.assert_close(compiled, by_gather, rtol=1e-6, atol=1e-6)  # two roundings
+    expected = rope_by_pairs(x.to(F64), angles64(40, 16)[positions][:, None], layout)
+    torch.testing.assert_close(compiled.to(F64), expected, rtol=1e-6, atol=1e-6)
