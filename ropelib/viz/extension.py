@@ -122,6 +122,18 @@ def draw_frequency_scaling(fig: Figure, factor: float, *, dim: int = 128,
     return freqs
 
 
+def checked_lengths(lengths: Sequence[int], accuracies: Mapping[str, Any]) -> np.ndarray:
+    """``lengths`` as a float array, after checking that they are positive and that
+    ``accuracies`` holds at least one model (for the accuracy-by-length figures)."""
+    n = np.asarray(lengths, dtype=float)
+    if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
+        raise ValueError(f"lengths must be a non-empty 1-D sequence of positive numbers, "
+                         f"got {lengths!r}")
+    if not accuracies:
+        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    return n
+
+
 def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, Any], *,
                             train_length: int, chance: float | None = None,
                             colors: Mapping[str, str] | None = None) -> list[Line2D]:
@@ -139,12 +151,7 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
     Returns:
         One line per model, in the order given; the legend goes below the axes.
     """
-    n = np.asarray(lengths, dtype=float)
-    if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
-        raise ValueError(f"lengths must be a non-empty 1-D sequence of positive numbers, "
-                         f"got {lengths!r}")
-    if not accuracies:
-        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    n = checked_lengths(lengths, accuracies)
     lines = []
     for label, values in accuracies.items():
         acc = np.asarray(values, dtype=float)

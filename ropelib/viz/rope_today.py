@@ -24,6 +24,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from .extension import checked_lengths
+
 __all__ = ["LAYER_KINDS", "draw_accuracy_by_position_bars", "draw_layer_patterns",
            "draw_pair_bands", "draw_seed_spread", "draw_spectra", "draw_stretch_factors",
            "seed_table_html"]
@@ -187,12 +189,7 @@ def draw_seed_spread(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, 
     """Accuracy against length (log2 x): per model the mean over its seeds (line) and the
     range from the worst to the best seed (error bar). ``accuracies[label]`` is
     ``(seeds, lengths)``; the training length is a dashed vertical line, chance dotted."""
-    n = np.asarray(lengths, dtype=float)
-    if n.ndim != 1 or n.size == 0 or np.any(n <= 0):
-        raise ValueError(f"lengths must be a non-empty sequence of positive numbers, got "
-                         f"{lengths!r}")
-    if not accuracies:
-        raise ValueError("accuracies must hold at least one model, got an empty mapping")
+    n = checked_lengths(lengths, accuracies)
     for label, values in accuracies.items():
         runs = _seed_matrix(label, values, n.size)
         mean = runs.mean(0)
