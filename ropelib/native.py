@@ -12,13 +12,13 @@ process (a DataLoader worker) has the same rule as torch: use one thread there. 
 of 4 MiB or more get transparent huge pages (Linux), which makes their first touch, most of
 the cost of any new tensor here, several times cheaper.
 
-This module is the bottom of ``apply_rope``'s path: ``ropelib.kernels`` registers the PyTorch
-operator whose CPU implementation calls ``rotate`` here. ``axis_rows`` is the CPU
-implementation of ``ropelib::axis_rows`` (``ropelib.multiaxis``): M-RoPE's per-token rows
-read from the 1D tables. Nothing here keeps a tensor or a
-pointer between calls. Without a compiler, on other devices and for other dtypes,
-``ropelib.kernels`` uses its eager paths. A failed build is said once, in a warning that
-names the cause and the cost; ``native_status()`` (``ropelib.native_status``) tells which
+This module is one of the backends at the bottom of ``apply_rope``'s path: ``ropelib.kernels``
+asks its ``declines`` whether it takes a CPU call and then calls its ``run``. ``axis_rows``
+is the CPU implementation of ``ropelib::axis_rows`` (``ropelib.multiaxis``): M-RoPE's
+per-token rows read from the 1D tables. Nothing here keeps a tensor or a pointer between
+calls. Without a compiler and for other dtypes, ``ropelib.kernels`` picks the eager backend
+(``ropelib.eager``); CUDA tensors go to the Triton kernel. A failed build is said once, in
+a warning that names the cause and the cost; ``native_status()`` (``ropelib.native_status``) tells which
 path CPU calls take and why, ``unavailable_reason()`` why the kernel is missing, and
 ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0`` in the environment) turns it off, e.g. to
 compare the two.
@@ -163,7 +163,8 @@ class NativeStatus(NamedTuple):
 def native_status() -> NativeStatus:
     """Whether ropelib's compiled loop runs (building it if needed) and why, e.g.
     ``NativeStatus(path='eager', reason='disabled (ROPELIB_NATIVE=0 or set_enabled(False))',
-    threaded=False)``. Other dtypes and devices always take the eager paths."""
+    threaded=False)``. Other dtypes take the eager backend, CUDA tensors the Triton kernel
+    (``ropelib.backend_status`` says which backend a device's calls take)."""
     if not _enabled:
         return NativeStatus("eager", "disabled (ROPELIB_NATIVE=0 or set_enabled(False))", False)
     reason = unavailable_reason()
