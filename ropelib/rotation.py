@@ -59,7 +59,10 @@ def apply_rope(
             e.g. for left-padded batches); default ``offset .. offset + seq - 1``. With
             ``axes``: multi-axis coordinates ``(seq, k)`` or ``(batch, seq, k)``.
         offset: first position when ``positions`` is not given (KV-cache decoding); an int,
-            a NumPy integer or a 0-d integer tensor.
+            a NumPy integer or a 0-d integer tensor (on a GPU it is not read back: the step
+            can be captured in a CUDA graph). On a GPU the values of positions and offsets
+            are checked on the device (a device-side assert at the next synchronization), on
+            the CPU before anything runs (a ValueError).
         rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
             the rest through unchanged, as GPT-NeoX and GPT-J do. Default: head_dim.
         short_table: ``"raise"`` (default): a table shorter than the positions is an error.
