@@ -38,7 +38,8 @@ class KVCache:
     frequencies, and decoding would drift from the full forward. Such keys are cached
     unrotated with their positions (``positions``), and every call rotates all of them with
     the frequencies of the current length, so each decoding step equals the full causal
-    forward over the tokens so far, in any dtype (one rounding, as there). The cost: one
+    forward over the tokens so far, in any dtype (one rounding, as there). Multi-axis keys
+    (M-RoPE with such a rope type) are kept with their k coordinates. The cost: one
     rotation of the cached keys per step (a pass like a copy of them) for those rope types
     only. Re-rotating cached keys by the angle difference, R(a') = R(a' - a) R(a), would
     cost nothing between switches, but dynamic NTK switches at every step past the trained
@@ -73,8 +74,10 @@ class KVCache:
                                                                 extra=" or None")
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
-        # positions as (batch, 1, capacity, 1) int64, to grow along dim -2 like the keys
+        # positions as (batch, 1, capacity, 1) int64 (multi-axis: (batch, 1, capacity, k)),
+        # to grow along dim -2 like the keys
         self._position_buffer: torch.Tensor | None = None
+        self._axes: int | None = None  # k of multi-axis positions; None for 1D ones
         self._inference = False  # whether eager code made the buffers in inference mode
         self._length = 0
         self._next_position: torch.Tensor | None = None
@@ -109,10 +112,12 @@ class KVCache:
 
     @property
     def positions(self) -> torch.Tensor | None:
-        """Positions of the cached keys ``(batch, length)``, int64, when the updates gave
-        them (unrotated keys), else None."""
+        """Positions of the cached keys ``(batch, length)`` (multi-axis: ``(batch, length,
+        k)``), int64, when the updates gave them (unrotated keys), else None."""
         buffer = self._position_buffer
-        return None if buffer is None else buffer[:, 0, :self._length, 0]
+        if buffer is None:
+            return None
+        return buffer[:, 0, :self._length] if self._axes else buffer[:, 0, :self._length, 0]
 
     def _check(self, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor | None
                ) -> torch.Tensor | None:
@@ -146,10 +151,24 @@ class KVCache:
             return None
         positions = check_int_tensor("positions", positions)
         batch, new = key.shape[0], key.shape[-2]
-        if not (positions.ndim == 1 or (positions.ndim == 2 and positions.shape[0] in (1, batch))
-                ) or positions.shape[-1] != new:
+        axes = positions.shape[-1] if positions.ndim == 3 else None
+        if axes is not None:  # multi-axis: (batch or 1, new, k)
+            if positions.shape[:2] not in ((1, new), (batch, new)):
+                raise ValueError(f"multi-axis positions must have shape (batch, new, k) = "
+                                 f"({batch}, {new}, k) or (1, {new}, k), got "
+                                 f"{tuple(positions.shape)}")
+        elif not (positions.ndim == 1 or (positions.ndim == 2 and positions.shape[0] in (
+                1, batch))) or positions.shape[-1] != new:
             raise ValueError(f"positions must have shape (new,) = ({new},) or (batch, new) = "
-                             f"({batch}, {new}), got {tuple(positions.shape)}")
+                             f"({batch}, {new}) (multi-axis: (batch, new, k)), got "
+                             f"{tuple(positions.shape)}")
+        if self._position_buffer is not None and axes != self._axes:
+            held = f"{self._axes} coordinates" if self._axes else "1D positions"
+            raise ValueError(f"this cache holds keys with {held} each; got positions of shape "
+                             f"{tuple(positions.shape)}")
+        self._axes = axes
+        if axes is not None:
+            return positions.to(key.device).expand(batch, new, axes)[:, None]
         return positions.to(key.device).expand(batch, new)[:, None, :, None]
 
     def _writable(self, end: int) -> bool:
@@ -191,8 +210,9 @@ class KVCache:
         """Append ``(batch, kv_heads, new, head_dim)`` keys and values; return the full cache,
         ``(batch, kv_heads, length, head_dim)`` each (views of the buffers).
 
-        ``positions``: the new keys' positions ``(new,)`` or ``(batch, new)``, kept beside
-        them (see ``positions``); give them with every update of a cache or with none.
+        ``positions``: the new keys' positions ``(new,)`` or ``(batch, new)`` (multi-axis:
+        ``(batch, new, k)`` or ``(1, new, k)``), kept beside them (see ``positions``); give
+        them with every update of a cache or with none.
         ``next_position``: each row's next position after this update, ``(batch,)`` integer
         (see ``next_position``); kept until an update gives another."""
         if self._written:
@@ -292,6 +312,7 @@ class KVCache:
         self._length = 0
         self._next_position = None
         self._written = False
+        self._axes = None
 
 
 class StandardAttentionWithRoPE(nn.Module):
@@ -322,7 +343,9 @@ class StandardAttentionWithRoPE(nn.Module):
             M-RoPE; ``forward`` then takes ``positions`` of shape ``(Nq, k)`` or ``(B, Nq, k)``,
             for every k (1 included), like ``RotaryEmbedding(frequencies=...)``. A
             ``scaling`` config with ``mrope_section`` (Qwen2-VL / Qwen3-VL ``rope_parameters``
-            as they are, also with YaRN or linear scaling) does the same.
+            as they are, also with any rope type of transformers) does the same; with dynamic
+            NTK or LongRoPE a ``KVCache`` then holds the keys unrotated with their positions
+            (see ``KVCache``).
         rope: False builds attention without any position information (a baseline).
         short_table: what to do with a table shorter than the positions (see ``apply_rope``).
 
@@ -469,33 +492,39 @@ class StandardAttentionWithRoPE(nn.Module):
             return apply_rope_qk(q, k, *rows[0], **kw)
         return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[1], **kw)
 
+    def _axis_positions(self, name: str, p, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """Checked multi-axis positions of ``x`` ``(B, H, N, d)``: ``(N, k)`` or ``(B or 1,
+        N, k)``; None is the diagonal from ``offset``."""
+        seq, axes = x.shape[-2], self.rotary.num_axes
+        if p is None:
+            return (offset + torch.arange(seq, device=x.device))[:, None].expand(seq, axes)
+        if not isinstance(p, torch.Tensor) or p.ndim not in (2, 3) or p.shape[-2] != seq or (
+                p.ndim == 3 and p.shape[0] not in (1, x.shape[0])) or p.shape[-1] != axes:
+            seen = f"{tuple(p.shape)}" + (f" (k = {p.shape[-1]})" if p.ndim >= 2 else "")
+            hint = "; add the axis: positions[..., None]" if axes == 1 and p.ndim < 2 else ""
+            raise ValueError(f"{name} must have shape ({seq}, {axes}) or (batch, {seq}, "
+                             f"{axes}) for multi-axis RoPE: k = {axes} coordinates per token, "
+                             f"the columns of frequencies (also when k = 1); got {seen}"
+                             f"{hint}{hf_positions_hint(axes)}")
+        return p
+
     def _rotate_axes(self, q, k, positions, key_positions, offset):
         """Multi-axis positions ``(N, k)`` or ``(B, N, k)``: each token's rows gathered (or
         computed) by ``self.rotary``; missing positions are the diagonal from ``offset``."""
         if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
             key_positions = positions
+        checked = [self._axis_positions(name, p, x, offset) for name, x, p in (
+            ("positions", q, positions), ("key_positions", k, key_positions))]
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+        if self.rotary.pair_axes is not None and not tracing():
+            # one table for q and k: of the length max(positions) + 1 over both, whose
+            # spectrum a length-dependent rope type uses (apply_rope checks the rest)
+            high = max(int(p.max()) if p.numel() else -1 for p in checked)
+            cos, sin = self.rotary.tables(high + 1, q.device)
+            return tuple(apply_rope(x, cos, sin, positions=p, axes=self.rotary.pair_axes, **kw)
+                         for x, p in zip((q, k), checked, strict=True))
         rotated = []
-        for name, x, p in (("positions", q, positions), ("key_positions", k, key_positions)):
-            seq = x.shape[-2]
-            if p is None:
-                p = (offset + torch.arange(seq, device=x.device))[:, None].expand(
-                    seq, self.rotary.num_axes)
-            axes = self.rotary.num_axes
-            if not isinstance(p, torch.Tensor) or p.ndim not in (2, 3) or p.shape[-2] != seq or (
-                    p.ndim == 3 and p.shape[0] not in (1, x.shape[0])) or p.shape[-1] != axes:
-                seen = f"{tuple(p.shape)}" + (f" (k = {p.shape[-1]})" if p.ndim >= 2 else "")
-                hint = "; add the axis: positions[..., None]" if axes == 1 and p.ndim < 2 else ""
-                raise ValueError(f"{name} must have shape ({seq}, {axes}) or (batch, {seq}, "
-                                 f"{axes}) for multi-axis RoPE: k = {axes} coordinates per token, "
-                                 f"the columns of frequencies (also when k = 1); got {seen}"
-                                 f"{hint}{hf_positions_hint(axes)}")
-            kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
-            if self.rotary.pair_axes is not None and not tracing():
-                high = int(p.max()) if p.numel() else -1  # apply_rope checks the rest
-                cos, sin = self.rotary.tables(high + 1, x.device)
-                rotated.append(apply_rope(x, cos, sin, positions=p,
-                                          axes=self.rotary.pair_axes, **kw))
-                continue
+        for x, p in zip((q, k), checked, strict=True):
             cos, sin = self.rotary(positions=p)
             cos, sin = (cos[None, None], sin[None, None]) if p.ndim == 2 else (
                 cos[:, None], sin[:, None])
@@ -552,8 +581,8 @@ class StandardAttentionWithRoPE(nn.Module):
             return self._step_at(query, key, value, rope_embeddings, attn_mask, return_attn,
                                  positions, kv_cache, cache_position)
         # a multi-axis module records each row's next position in a KVCache
-        axes = (rope_embeddings is None and self.rotary is not None and self.rotary.num_axes > 1
-                and hasattr(kv_cache, "next_position"))
+        axes = (rope_embeddings is None and self.rotary is not None
+                and self.rotary.frequencies is not None and hasattr(kv_cache, "next_position"))
         if axes and offset is None and positions is None and kv_cache.next_position is not None:
             # continue each row's sequence
             positions = self._diagonal(kv_cache.next_position, query.shape[1])
@@ -567,7 +596,14 @@ class StandardAttentionWithRoPE(nn.Module):
         if key_positions is None and positions is not None and k.shape[-2] == q.shape[-2]:
             key_positions = positions
         end = offset + max(q.shape[-2], k.shape[-2])
-        if axes:
+        if axes and self.rotary.dynamic:  # unrotated keys with their (t, h, w) positions
+            positions = self._axis_positions("positions", positions, q, offset)
+            key_positions = self._axis_positions("key_positions", key_positions, k, offset)
+            following = self._next_position(kv_cache, key_positions, offset, k)
+            k, v = kv_cache.update(k, v, positions=key_positions if key_positions.ndim == 3
+                                   else key_positions[None], next_position=following)
+            q, k = self._rotate(q, k, rope_embeddings, positions, kv_cache.positions, offset, end)
+        elif axes:
             q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, offset, end)
             k, v = kv_cache.update(k, v, next_position=self._next_position(
                 kv_cache, key_positions, offset, k))

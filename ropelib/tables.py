@@ -175,7 +175,11 @@ class RotaryEmbedding(nn.Module):
             or one per layer type with ``layer_type``. A config with ``mrope_section``
             (Qwen2-VL; Qwen3-VL with ``mrope_interleaved``) makes the module multi-axis: W
             deals the config's (scaled) spectrum out to the axes, as transformers does, and
-            YaRN's attention factor multiplies the rows (``attention_factor``).
+            YaRN's attention factor multiplies the rows (``attention_factor``). With dynamic
+            NTK or LongRoPE the spectrum is that of the length max(positions) + 1, as in
+            transformers: the rows come from the tables of that length, ``frequencies`` is W
+            of the trained length, and traced or compiled positions are refused (the length
+            is in the data).
         max_position_embeddings: initial cache length (default 2048); a ``"longrope"`` config
             without ``factor`` takes factor = max_position_embeddings / L0, and a ``"dynamic"``
             one without ``original_max_position_embeddings`` takes L0 =
@@ -232,7 +236,8 @@ class RotaryEmbedding(nn.Module):
         sections = axis_sections(scaling)
         if sections is not None:  # a Qwen2-VL / Qwen3-VL config: M-RoPE of its spectrum
             self.frequencies, self.attention_factor = self._axis_matrix(*sections)
-            self._schedule = None
+            if not self.dynamic:  # else the schedule gives the spectrum of each length
+                self._schedule = None
         self.pair_axes = None if self.frequencies is None or (
             (self.frequencies != 0).sum(1) > 1).any() else self.frequencies.abs().argmax(1)
         self.register_buffer("inv_freq", self._frequencies()[0].to(device=device,
@@ -258,12 +263,9 @@ class RotaryEmbedding(nn.Module):
         """The frequency matrix W ``(pairs, k)`` of a config with ``mrope_section``: pair i
         of the config's (scaled) spectrum follows axis ``axis_of_pairs(...)[i]``, as
         transformers' Qwen2-VL / Qwen3-VL rotary embeddings deal them out; and the config's
-        attention factor (YaRN's), which multiplies cos and sin."""
-        if self.dynamic:
-            raise ValueError(f"scaling of rope_type {rope_type(self.scaling)!r} with "
-                             "'mrope_section': M-RoPE whose frequencies change with the "
-                             "length is not supported; use a rope type whose frequencies do "
-                             "not (default, linear, ntk, yarn, llama3, proportional)")
+        attention factor (YaRN's, LongRoPE's), which multiplies cos and sin. For a rope type
+        whose spectrum depends on the length (dynamic NTK, LongRoPE) this is W of the
+        trained length; the tables of a longer one deal out that length's spectrum."""
         inv_freq, attention = self._schedule()
         pairs = inv_freq.shape[0]
         if sum(sections) != pairs:
@@ -288,7 +290,7 @@ class RotaryEmbedding(nn.Module):
         """The cache's per-pair frequencies (float64) and attention factor: the scaled
         theta_i (for the length ``freq_len`` where they depend on it), or the diagonal's
         sum_a W[i, a] for multi-axis frequencies."""
-        if self.frequencies is not None:
+        if self._schedule is None:
             return self.frequencies.sum(1), self.attention_factor
         return self._schedule(freq_len)
 
@@ -441,6 +443,11 @@ class RotaryEmbedding(nn.Module):
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
         if tracing():  # computed in the graph, as traced_rows does for 1D positions
+            if self.dynamic:
+                raise ValueError(f"M-RoPE of rope type {rope_type(self.scaling)!r} has "
+                                 "frequencies that depend on the length max(positions) + 1, "
+                                 "which a traced or compiled graph cannot read from the data; "
+                                 "run it eagerly")
             return self._scaled(*axis_tables(traced_nonnegative(positions), self.frequencies,
                                              dtype=self._table_dtype))
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)

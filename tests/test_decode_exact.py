@@ -143,7 +143,8 @@ def test_cache_positions_errors_name_the_argument():
     cache = KVCache()
     key = torch.zeros(2, 1, 3, 4)
     with pytest.raises(ValueError, match=r"positions must have shape \(new,\) = \(3,\) or "
-                                         r"\(batch, new\) = \(2, 3\), got \(2, 2\)"):
+                                         r"\(batch, new\) = \(2, 3\) \(multi-axis: \(batch, new, k\)\), "
+                                         r"got \(2, 2\)"):
         cache.update(key, key, positions=torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="positions must hold integer positions"):
         cache.update(key, key, positions=torch.zeros(3))
