@@ -32,6 +32,7 @@ gathered-table form, e.g. ``cos[:, None]`` over heads; the Qwen models use
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -212,7 +213,9 @@ def axis_tables(positions: torch.Tensor, frequencies: torch.Tensor, *,
     if dtype not in _TABLE_DTYPES:
         raise ValueError(f"dtype must be one of {_TABLE_DTYPES} (angles need the precision), "
                          f"got {dtype}")
-    with torch.autocast(positions.device.type, enabled=False):
+    kind = positions.device.type  # the meta device has no autocast to turn off
+    with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else (
+            contextlib.nullcontext()):
         W = frequencies.to(device=positions.device, dtype=torch.float64)
         angles = positions.to(torch.float64) @ W.T
         return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)

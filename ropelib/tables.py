@@ -244,6 +244,9 @@ class RotaryEmbedding(nn.Module):
                                                                    dtype=torch.float32),
                              persistent=False)
         self._cache: _Cache | None = None
+        # the fixed float64 frequencies (theta_i, or W) per device: the tables' device is
+        # kept at each build, another at its first eager call
+        self._kept: dict[torch.device, torch.Tensor] = {}
         self._table_dtype = torch.float32  # of the cached tables, read without them
         # the tables' device: ``device``, else the default one (meta under torch.device("meta"))
         self._build(max_position_embeddings or 2048, device=torch.empty(0, device=device).device)
@@ -313,6 +316,8 @@ class RotaryEmbedding(nn.Module):
             built = _Cache(*_angles_to_tables(positions, inv_freq, factor, device, dtype),
                            freq_len)
             inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+            if device not in self._kept:
+                self._kept = {**self._kept, device: self._fixed().to(device)}
         with _PUBLISH:
             current = self._cache
             if (current is None or self.dynamic or length >= current.cos.shape[0]
@@ -424,20 +429,33 @@ class RotaryEmbedding(nn.Module):
                                  "freeze those of the traced length. Use torch.export or "
                                  "torch.compile, which check the length")
             freq_len = int(length)
-        inv_freq, factor = self._frequencies(freq_len)
-        if (freq_len is None and self.frequencies is None and not tracing()
-                and positions.device.type != "cpu"):  # fixed frequencies: kept on the GPU
-            inv_freq = self._on_device(inv_freq, positions.device)
+        if freq_len is None:  # the fixed frequencies, kept where the positions are
+            fixed = self._on_device(positions.device)
+            inv_freq = fixed if self.frequencies is None else fixed.sum(1)
+            factor = self.attention_factor if self._schedule is None else (
+                self._schedule.attention_factor)
+        else:
+            inv_freq, factor = self._frequencies(freq_len)
         return _angles_to_tables(positions, inv_freq.to(positions.device), factor,
                                  positions.device, self._table_dtype)
 
-    def _on_device(self, inv_freq: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The fixed float64 frequencies on ``device``, copied there once (a copy from the
-        host inside a CUDA graph's capture would fail, and costs a transfer per call)."""
-        copies = self.__dict__.setdefault("_frequency_copies", {})
-        if device not in copies:
-            copies[device] = inv_freq.to(device)
-        return copies[device]
+    def _fixed(self) -> torch.Tensor:
+        """The frequencies that do not change with the length, float64 on the CPU: W
+        ``(dim // 2, k)`` for multi-axis RoPE, else theta_i ``(pairs,)`` (of the trained
+        length for dynamic NTK and LongRoPE)."""
+        return self.frequencies if self.frequencies is not None else self._schedule()[0]
+
+    def _on_device(self, device: torch.device) -> torch.Tensor:
+        """``_fixed()`` on ``device``: the copy kept there (made with the tables, or by an
+        earlier eager call), so no call copies them from the host, eager or compiled (a copy
+        inside a CUDA graph's capture would fail; in a compiled graph it would wait for the
+        GPU at every call)."""
+        kept = self._kept.get(device)
+        if kept is None:
+            kept = self._fixed().to(device)
+            if not tracing():
+                self._kept = {**self._kept, device: kept}
+        return kept
 
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
@@ -448,7 +466,8 @@ class RotaryEmbedding(nn.Module):
                                  "frequencies that depend on the length max(positions) + 1, "
                                  "which a traced or compiled graph cannot read from the data; "
                                  "run it eagerly")
-            return self._scaled(*axis_tables(traced_nonnegative(positions), self.frequencies,
+            return self._scaled(*axis_tables(traced_nonnegative(positions),
+                                             self._on_device(positions.device),
                                              dtype=self._table_dtype))
         low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0:
@@ -459,7 +478,7 @@ class RotaryEmbedding(nn.Module):
         if device.type == "meta":
             device = positions.device
         if self.pair_axes is None:  # pairs turning with several axes: computed
-            return self._scaled(*axis_tables(positions.to(device), self.frequencies,
+            return self._scaled(*axis_tables(positions.to(device), self._on_device(device),
                                              dtype=self._table_dtype))
         cos, sin = self.tables(high + 1, device)
         return axis_rows(cos, sin, positions.to(device=cos.device, dtype=torch.int64),

@@ -399,3 +399,29 @@ def test_multi_axis_module_compiles_fullgraph_and_exports(device):
         eager = mod(x, x, x, positions=p)
         torch.testing.assert_close(fn(x, x, x, positions=p), eager, **TOL)
         torch.testing.assert_close(exported.module()(x, x, x, positions=p), eager, **TOL)
+
+
+@pytest.mark.parametrize("multi_axis", [False, True], ids=["1D", "M-RoPE"])
+def test_a_compiled_module_reads_its_frequencies_where_it_is(multi_axis):
+    """The rows a compiled module computes for its positions start from float64 frequencies
+    already on the module's device: no graph input lives on the host (on a GPU, a host
+    tensor in the graph is a copy per call that waits for the GPU). The meta device stands
+    in for the GPU; the graph is captured, not run."""
+    frequencies = ropelib.axis_frequencies(D // H, [2, 1, 1]) if multi_axis else None
+    module = StandardAttentionWithRoPE(D, H, num_kv_heads=KV, frequencies=frequencies,
+                                       device="meta").eval()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.empty(2, 5, D, device="meta")
+    shape = (2, 5, 3) if multi_axis else (2, 5)
+    positions = torch.zeros(shape, dtype=torch.int64, device="meta")
+    with torch.no_grad():
+        torch.compile(module, backend=capture, fullgraph=True)(x, x, x, positions=positions)
+    inputs = [n.meta["example_value"] for n in graphs[0].graph.nodes if n.op == "placeholder"
+              and isinstance(n.meta["example_value"], torch.Tensor)]  # not the symbolic sizes
+    assert any(t.dtype == F64 for t in inputs)  # the frequencies are an input of the graph
+    assert {t.device.type for t in inputs} == {"meta"}
