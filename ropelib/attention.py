@@ -516,20 +516,22 @@ class StandardAttentionWithRoPE(nn.Module):
         checked = [self._axis_positions(name, p, x, offset) for name, x, p in (
             ("positions", q, positions), ("key_positions", k, key_positions))]
         kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
-        if self.rotary.pair_axes is not None and not tracing():
+        if self.rotary.pair_axes is not None and not tracing() and (
+                q.device.type == "cpu" or self.rotary.dynamic):
             # one table for q and k: of the length max(positions) + 1 over both, whose
             # spectrum a length-dependent rope type uses (apply_rope checks the rest)
             high = max(int(p.max()) if p.numel() else -1 for p in checked)
             cos, sin = self.rotary.tables(high + 1, q.device)
             return tuple(apply_rope(x, cos, sin, positions=p, axes=self.rotary.pair_axes, **kw)
                          for x, p in zip((q, k), checked, strict=True))
-        rotated = []
-        for x, p in zip((q, k), checked, strict=True):
+        # rows computed on the device (compiled, traced, on a GPU): nothing read back
+        rows = []
+        for p in checked[:1] if checked[0] is checked[1] else checked:
             cos, sin = self.rotary(positions=p)
-            cos, sin = (cos[None, None], sin[None, None]) if p.ndim == 2 else (
-                cos[:, None], sin[:, None])
-            rotated.append(apply_rope(x, cos.to(x.device), sin.to(x.device), **kw))
-        return tuple(rotated)
+            rows.append(tuple(t[None, None] if p.ndim == 2 else t[:, None] for t in (cos, sin)))
+        if len(rows) == 1 and q.shape[:-3] == k.shape[:-3]:  # one launch for both on a GPU
+            return apply_rope_qk(q, k, *rows[0], **kw)
+        return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[-1], **kw)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,

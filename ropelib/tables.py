@@ -460,23 +460,24 @@ class RotaryEmbedding(nn.Module):
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
-        if tracing():  # computed in the graph, as traced_rows does for 1D positions
-            if self.dynamic:
-                raise ValueError(f"M-RoPE of rope type {rope_type(self.scaling)!r} has "
-                                 "frequencies that depend on the length max(positions) + 1, "
-                                 "which a traced or compiled graph cannot read from the data; "
-                                 "run it eagerly")
-            return self._scaled(*axis_tables(traced_nonnegative(positions),
-                                             self._on_device(positions.device),
-                                             dtype=self._table_dtype))
-        low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
-        if low < 0:
-            raise ValueError(f"positions must be >= 0, got min {low}")
         # where the tables are; on the positions' device while they are still on the meta one
         # (after load_state_dict(..., assign=True), which does not load them)
         device = self._cache.cos.device
         if device.type == "meta":
             device = positions.device
+        if self.dynamic and tracing():
+            raise ValueError(f"M-RoPE of rope type {rope_type(self.scaling)!r} has "
+                             "frequencies that depend on the length max(positions) + 1, "
+                             "which a traced or compiled graph cannot read from the data; "
+                             "run it eagerly")
+        if tracing() or (device.type != "cpu" and not self.dynamic):
+            # computed in the graph, or on a GPU (no largest position read back): float64
+            # angles from W, as traced_rows does for 1D positions
+            return self._scaled(*axis_tables(traced_nonnegative(positions.to(device)),
+                                             self._on_device(device), dtype=self._table_dtype))
+        low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
+        if low < 0:
+            raise ValueError(f"positions must be >= 0, got min {low}")
         if self.pair_axes is None:  # pairs turning with several axes: computed
             return self._scaled(*axis_tables(positions.to(device), self._on_device(device),
                                              dtype=self._table_dtype))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ropelib import KVCache, StandardAttentionWithRoPE
+from ropelib import KVCache, StandardAttentionWithRoPE, axis_frequencies
 
 D, H, KV = 32, 4, 2
 CAPACITY = 16
@@ -68,6 +68,29 @@ def test_left_padded_rows_at_their_own_positions(device):
     torch.testing.assert_close(torch.cat([out, last], 1)[0],
                                attn(x[:1], x[:1], x[:1], is_causal=True)[0], rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("multi_axis", [False, True], ids=["1D", "M-RoPE"])
+def test_no_value_is_read_back_off_the_cpu(multi_axis):
+    """Off the CPU the module reads no tensor value on the host (which would wait for a GPU,
+    and break a CUDA graph's capture): prefill and decode with per-row positions, a KVCache
+    and a cache_position step run on the meta device, which holds no values at all (a host
+    read there raises). Multi-axis positions are M-RoPE's (t, h, w)."""
+    frequencies = axis_frequencies(D // H, [2, 1, 1]) if multi_axis else None
+    attn = module("meta", frequencies=frequencies)
+    x = torch.empty(2, 5, D, device="meta")
+    shape = (2, 5, 3) if multi_axis else (2, 5)
+    positions = torch.empty(shape, dtype=torch.int64, device="meta")
+    cache = KVCache()
+    with torch.no_grad():
+        assert attn(x, x, x, positions=positions, is_causal=True).device.type == "meta"
+        attn(x, x, x, positions=positions, is_causal=True, kv_cache=cache)
+        attn(x[:, :1], x[:, :1], x[:, :1], positions=positions[:, :1], kv_cache=cache)
+        assert cache.length == 6
+        if not multi_axis:
+            attn(x[:, :1], x[:, :1], x[:, :1], positions=positions[:, :1],
+                 kv_cache=KVCache(capacity=CAPACITY),
+                 cache_position=torch.empty((), dtype=torch.int64, device="meta"))
 
 
 def test_cache_position_errors():
