@@ -432,7 +432,14 @@ class StandardAttentionWithRoPE(nn.Module):
         """q at ``positions`` (default offset + 0..Nq-1) and k at ``key_positions`` (default
         offset + 0..Nk-1), rotated. ``end``: offset + the new tokens, the least length the
         module's tables cover and, with the largest position + 1, the length whose
-        frequencies a length-dependent rope type uses."""
+        frequencies a length-dependent rope type uses.
+
+        One rule for the module's own RoPE: given positions (1D or multi-axis) rotate with
+        rows computed on the device from float64 frequencies under a compiler or tracer and
+        off the CPU (``_rotate_traced``, ``_rotate_axes``), so nothing is read back; eager
+        on the CPU, where reading the largest position costs nothing, the tables grow to
+        it and the rows are gathered (cheaper there than computing them). Rope types whose
+        frequencies depend on the length read it on every device, as transformers does."""
         if rope_embeddings is not None:
             if not isinstance(rope_embeddings, (tuple, list)) or len(rope_embeddings) != 2:
                 raise ValueError("rope_embeddings must be a (cos, sin) pair, e.g. from "
