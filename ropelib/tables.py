@@ -389,7 +389,10 @@ class RotaryEmbedding(nn.Module):
 
         Returns ``(seq_len, dim // 2)`` tables, or ``positions.shape + (dim // 2,)`` rows; with
         multi-axis ``frequencies``, positions are ``(..., seq, k)`` and the rows
-        ``(..., seq, dim // 2)``.
+        ``(..., seq, dim // 2)``. Off the CPU (and under a compiler) the rows of given
+        positions are computed on the device from the float64 frequencies, so no value is
+        read back to the host (but for rope types whose frequencies depend on the length);
+        on the CPU they are gathered from the tables.
         """
         if (seq_len is None) == (positions is None):
             raise ValueError("pass exactly one of seq_len or positions")
@@ -399,13 +402,15 @@ class RotaryEmbedding(nn.Module):
         if self.frequencies is not None:
             return self._axis_rows(positions)
         positions = check_int_tensor("positions", positions)
-        if tracing():
-            if self.dynamic:
-                raise ValueError(f"rope type {rope_type(self.scaling)!r} has frequencies "
-                                 "that depend on the length max(positions) + 1, which a traced "
-                                 "graph cannot read from the data; call forward(seq_len) or "
-                                 "traced_rows(positions, length)")
-            return self.traced_rows(traced_nonnegative(positions), None)
+        if self.dynamic and tracing():
+            raise ValueError(f"rope type {rope_type(self.scaling)!r} has frequencies "
+                             "that depend on the length max(positions) + 1, which a traced "
+                             "graph cannot read from the data; call forward(seq_len) or "
+                             "traced_rows(positions, length)")
+        device = self._rows_device(positions)
+        if tracing() or (device.type != "cpu" and not self.dynamic):
+            # computed in the graph, or on a GPU (no largest position read back)
+            return self.traced_rows(traced_nonnegative(positions.to(device)), None)
         if positions.numel() and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
         cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0,
@@ -457,14 +462,17 @@ class RotaryEmbedding(nn.Module):
                 self._kept = {**self._kept, device: kept}
         return kept
 
+    def _rows_device(self, positions: torch.Tensor) -> torch.device:
+        """Where the rows of ``positions`` go: where the tables are; where the positions are
+        while the tables are still on the meta device (after ``load_state_dict(...,
+        assign=True)``, which does not load them)."""
+        device = self._cache.cos.device
+        return positions.device if device.type == "meta" else device
+
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``(..., seq, dim // 2)`` for multi-axis integer positions ``(..., seq, k)``."""
         check_axis_positions(positions, self.num_axes, integer=True)
-        # where the tables are; on the positions' device while they are still on the meta one
-        # (after load_state_dict(..., assign=True), which does not load them)
-        device = self._cache.cos.device
-        if device.type == "meta":
-            device = positions.device
+        device = self._rows_device(positions)
         if self.dynamic and tracing():
             raise ValueError(f"M-RoPE of rope type {rope_type(self.scaling)!r} has "
                              "frequencies that depend on the length max(positions) + 1, "

@@ -84,6 +84,8 @@ def test_no_value_is_read_back_off_the_cpu(multi_axis):
     cache = KVCache()
     with torch.no_grad():
         assert attn(x, x, x, positions=positions, is_causal=True).device.type == "meta"
+        cos, _ = attn.rotary(positions=positions)
+        assert cos.shape == (2, 5, D // H // 2) and cos.device.type == "meta"
         attn(x, x, x, positions=positions, is_causal=True, kv_cache=cache)
         attn(x[:, :1], x[:, :1], x[:, :1], positions=positions[:, :1], kv_cache=cache)
         assert cache.length == 6
