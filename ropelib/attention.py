@@ -531,7 +531,8 @@ class StandardAttentionWithRoPE(nn.Module):
             cos, sin = self.rotary.tables(high + 1, q.device)
             return tuple(apply_rope(x, cos, sin, positions=p, axes=self.rotary.pair_axes, **kw)
                          for x, p in zip((q, k), checked, strict=True))
-        # rows computed on the device (compiled, traced, on a GPU): nothing read back
+        # rows from self.rotary: computed where the module is off the CPU and under a
+        # compiler (nothing read back), and wherever pairs turn with several axes
         rows = []
         for p in checked[:1] if checked[0] is checked[1] else checked:
             cos, sin = self.rotary(positions=p)
