@@ -42,8 +42,9 @@ SETTINGS = {
 RUNS = Path(__file__).resolve().parent / "layer_patterns_runs.json"
 
 
-def run(settings: dict = SETTINGS, *, progress: bool = True) -> dict:
-    """Train and evaluate every run; returns the dict that ``main`` saves."""
+def run(settings: dict, *, progress: bool = True) -> dict:
+    """Train and evaluate every run with ``settings`` (the keys of ``SETTINGS``); returns the
+    dict that ``main`` saves."""
     s = settings
     batches = partial(lookback_batch, s["batch"], s["train_length"], s["vocab_size"],
                       s["max_distance"])
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = run(progress=not args.no_progress)
+    result = run(SETTINGS, progress=not args.no_progress)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for entry in result["runs"]:
         accuracy = " ".join(f"{100 * a:5.1f}" for a in entry["accuracy"])
