@@ -20,6 +20,7 @@ from ropelib.book.layer_patterns import (
     local_mask,
     pair_contributions,
     train,
+    train_variant,
     variant_layers,
     variant_windows,
 )
@@ -194,3 +195,23 @@ def test_local_layers_see_only_their_window():
     assert (out[0, 5:] - out_changed[0, 5:]).abs().max() > 1e-6
     with pytest.raises(ValueError, match=r"one window \(or None\) per layer: 4 layers, got 2"):
         PatternDecoder(PatternConfig(layers=layers, windows=(3, None)))
+
+
+def test_train_variant_is_the_documented_run_of_its_seed():
+    """Chapter 13 trains seed 0 itself and reads seeds 1 and 2 from a script's run: both call
+    ``train_variant``, so a run must follow only from its variant and seed."""
+    batches = partial(lookback_batch, 2, 8, 4, 2)
+    sizes = dict(vocab_size=4, max_distance=2, embed_dim=8, num_heads=2)
+    name = "local RoPE + global NoPE"
+    model, losses = train_variant(name, 1, batches, steps=3, num_layers=4, window=4, **sizes)
+    assert model.config.windows == (4, 4, 4, None)
+    assert model.config.layers == variant_layers(name, 4)
+    # the seeding its docstring states, written out
+    torch.manual_seed(100 * 1 + VARIANTS.index(name))
+    by_hand = PatternDecoder(PatternConfig(layers=variant_layers(name, 4),
+                                           windows=(4, 4, 4, None), **sizes))
+    assert losses == train(by_hand, batches, 3, seed=1)
+    other = train_variant(name, 2, batches, steps=3, num_layers=4, window=4, **sizes)[1]
+    assert other != losses
+    with pytest.raises(ValueError, match="name must be one of"):
+        train_variant("RoPE", 0, batches, steps=1, num_layers=4, window=4, **sizes)

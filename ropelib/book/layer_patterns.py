@@ -10,9 +10,11 @@ sliding-window attention) and drop it from their global ones. A layer can be loc
 only to the last ``window`` keys. ``VARIANTS`` names the six patterns the chapter compares.
 
 ``train`` is the chapter's training loop (AdamW, fixed batches from a seeded generator),
-``accuracy_by_length`` its evaluation, ``counting_batch`` a task that only a model which
-knows where each token sits can solve (the NoPE section), and ``pair_contributions`` splits
-a layer's query-key scores into the contributions of the rotation pairs (the band analysis).
+``train_variant`` one run of the comparison (a variant from a seed; the chapter and
+``scripts/train_layer_patterns.py`` both train with it), ``accuracy_by_length`` its
+evaluation, ``counting_batch`` a task that only a model which knows where each token sits
+can solve (the NoPE section), and ``pair_contributions`` splits a layer's query-key scores
+into the contributions of the rotation pairs (the band analysis).
 
 Needs only torch.
 """
@@ -32,7 +34,7 @@ from .toy import IGNORE, lookback_batch
 
 __all__ = ["VARIANTS", "PatternConfig", "PatternDecoder", "accuracy_by_length",
            "attention_stack", "counting_batch", "layer_inputs", "local_mask",
-           "pair_contributions", "train", "variant_layers", "variant_windows"]
+           "pair_contributions", "train", "train_variant", "variant_layers", "variant_windows"]
 
 VARIANTS = ("full RoPE", "partial 25%", "p-RoPE 25%", "NoPE", "3:1 RoPE/NoPE",
             "local RoPE + global NoPE")
@@ -215,6 +217,27 @@ def train(model: PatternDecoder, batches: Callable[[torch.Generator], tuple], st
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+def train_variant(name: str, seed: int, batches: Callable[[torch.Generator], tuple], *,
+                  steps: int, num_layers: int, window: int,
+                  progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+                  **sizes: int) -> tuple[PatternDecoder, list[float]]:
+    """One run of chapter 13's comparison: the ``name`` model of ``VARIANTS`` from ``seed``.
+
+    ``num_layers`` layers (``variant_layers``), local layers of ``window`` keys
+    (``variant_windows``), the other fields of ``PatternConfig`` from ``sizes``. The initial
+    weights come from ``torch.manual_seed(100 * seed + VARIANTS.index(name))``, the batches
+    from ``train(..., seed=seed)``: every variant of one seed sees the same batches. Returns the
+    trained model and the loss of every step.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"name must be one of {VARIANTS}, got {name!r}")
+    torch.manual_seed(100 * seed + VARIANTS.index(name))
+    config = PatternConfig(layers=variant_layers(name, num_layers),
+                           windows=variant_windows(name, num_layers, window=window), **sizes)
+    model = PatternDecoder(config)
+    return model, train(model, batches, steps, seed=seed, progress=progress)
 
 
 @torch.no_grad()
