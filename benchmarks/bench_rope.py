@@ -29,6 +29,7 @@ from ropelib.linear_attention import linear_attention
 from ropelib.multiaxis import mrope_positions
 from ropelib.native import native_status
 from ropelib.rotation import apply_rope
+from ropelib.tables import RotaryEmbedding
 
 SHAPES = ((4, 16, 2048, 128), (1, 8, 512, 64))
 DTYPES = (torch.float32, torch.bfloat16)
@@ -161,6 +162,26 @@ def attention_table(device: torch.device, repeats: int) -> None:
     print(f"  module / (projections + SDPA) = {ratio:.2f}")
 
 
+def rows_table(device: torch.device, repeats: int, seq: int = 4096, dim: int = 128) -> None:
+    """The cos/sin rows of ``seq`` given positions, the two ways the attention module gets
+    them: gathered from its float64-built tables (its route on the CPU, after growing them
+    to the largest position) and computed from the float64 frequencies (its route on a GPU
+    and under a compiler, where nothing is read back), next to rotating q of one layer."""
+    rotary = RotaryEmbedding(dim, max_position_embeddings=seq).to(device)
+    positions = torch.randperm(seq, device=device)
+    q = torch.randn(1, 32, seq, dim, device=device)
+    cos, sin = rotary.tables(seq, device)
+    rows = cos[positions]
+    medians = bench.time_round_robin({
+        "clone": rows.clone,
+        "rows gathered": lambda: (cos[positions], sin[positions]),
+        "rows computed (float64)": lambda: rotary.traced_rows(positions, None),
+        "rotate q (1, 32, S, d)": lambda: apply_rope(q, cos, sin, positions=positions),
+    }, device, repeats=repeats)
+    print_table(f"rows of {seq} given positions, {dim // 2} pairs, {device} (clone: the cos "
+                "rows)", medians, bench.bytes_moved(rows))
+
+
 def decode_table(device: torch.device, repeats: int, cached: int = 4096) -> None:
     """One decode step (one new token attending over ``cached`` ones, KV cache) with plain
     RoPE and with dynamic NTK past its switch (trained length cached / 2). Dynamic NTK's
@@ -247,6 +268,7 @@ def main() -> None:
         if args.only_mrope:
             continue
         attention_table(device, repeats)
+        rows_table(device, repeats)
         decode_table(device, repeats)
         linear_attention_scaling(device, max(3, repeats // 3), lengths)
 
