@@ -463,10 +463,11 @@ class RotaryEmbedding(nn.Module):
         return kept
 
     def _rows_device(self, positions: torch.Tensor) -> torch.device:
-        """Where the rows of ``positions`` go: where the tables are; where the positions are
-        while the tables are still on the meta device (after ``load_state_dict(...,
-        assign=True)``, which does not load them)."""
-        device = self._cache.cos.device
+        """Where the rows of ``positions`` go: where the tables are (``inv_freq``, published
+        with them, is read: a compiled graph that read the tables would be recompiled when
+        they grow); where the positions are while the tables are still on the meta device
+        (after ``load_state_dict(..., assign=True)``, which does not load them)."""
+        device = self.inv_freq.device
         return positions.device if device.type == "meta" else device
 
     def _axis_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -425,3 +425,37 @@ def test_a_compiled_module_reads_its_frequencies_where_it_is(multi_axis):
               and isinstance(n.meta["example_value"], torch.Tensor)]  # not the symbolic sizes
     assert any(t.dtype == F64 for t in inputs)  # the frequencies are an input of the graph
     assert {t.device.type for t in inputs} == {"meta"}
+
+
+@pytest.mark.parametrize("multi_axis", [False, True], ids=["1D", "M-RoPE"])
+def test_a_compiled_module_is_not_recompiled_when_its_tables_grow(multi_axis):
+    """The compiled graph computes its rows from the frequencies and never reads the cached
+    tables, so an eager call that grows them (here ``tables``, as a decode loop beside the
+    compiled prefill would) leaves the graph valid: no recompilation, and the rows still
+    equal float64 angles p * theta_i (or p @ W.T). Checked for the module and for
+    ``RotaryEmbedding(positions=)`` compiled on its own."""
+    from torch._dynamo.testing import CompileCounter
+
+    from ropelib import axis_frequencies
+    frequencies = axis_frequencies(D // H, [2, 1, 1]) if multi_axis else None
+    mod = module(frequencies=frequencies)
+    W = frequencies if multi_axis else thetas(D // H)[:, None]
+    x = torch.randn(2, 5, D)
+    for target in (mod, mod.rotary):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        fn = torch.compile(target, backend=counter, fullgraph=True, dynamic=False)
+        for length in (MAX_POS, 64 * MAX_POS):
+            mod.rotary.tables(length)  # eager growth between compiled calls
+            p = torch.randint(length - 8, length, (2, 5, 3 if multi_axis else 1))
+            p = p if multi_axis else p[..., 0]
+            with torch.no_grad():
+                if target is mod:
+                    torch.testing.assert_close(fn(x, x, x, positions=p),
+                                               mod(x, x, x, positions=p), **TOL)
+                else:
+                    angles = (p if multi_axis else p[..., None]).to(F64) @ W.T
+                    cos, sin = fn(positions=p)
+                    torch.testing.assert_close(cos.to(F64), angles.cos(), rtol=0, atol=1e-6)
+                    torch.testing.assert_close(sin.to(F64), angles.sin(), rtol=0, atol=1e-6)
+        assert counter.frame_count == 1, type(target).__name__
