@@ -153,3 +153,32 @@ def test_cache_positions_errors_name_the_argument():
         cache.update(key[..., :1, :], key[..., :1, :])
     assert cache.length == 3
     torch.testing.assert_close(cache.positions, torch.arange(3).expand(2, 3))
+
+
+@pytest.mark.parametrize("axes", [1, 3], ids=["1D", "M-RoPE"])
+def test_a_refused_step_leaves_the_cache_as_it_was(axes):
+    """A length-dependent module caches its keys before it rotates them; a step whose
+    positions are refused (negative) must not have kept its keys: the cache keeps its length
+    and next positions, and the next good step equals the float64 forward over the tokens
+    before it (M-RoPE on the diagonal is 1D RoPE). CPU only: the refusal reads the values."""
+    config = CONFIGS["dynamic"]
+    if axes == 3:
+        config = {**config, "mrope_section": [2, 1, 1]}
+    torch.manual_seed(0)
+    module = StandardAttentionWithRoPE(D, H, num_kv_heads=2, scaling=config,
+                                       max_position_embeddings=L0).double().eval()
+    x = torch.randn(1, 2 * L0, D, dtype=F64)
+    cache = KVCache()
+    shape = (1, 1, 3) if axes == 3 else (1, 1)
+    with torch.no_grad():
+        module(x[:, :L0], x[:, :L0], x[:, :L0], is_causal=True, kv_cache=cache)
+        for name in ("positions", "key_positions"):
+            bad = {"positions": torch.full(shape, L0), name: torch.full(shape, -3)}
+            with pytest.raises(ValueError, match=rf"{name} must be >= 0, got min -3"):
+                module(x[:, L0:L0 + 1], x[:, L0:L0 + 1], x[:, L0:L0 + 1], kv_cache=cache,
+                       **bad)
+            assert cache.length == L0
+        step = module(x[:, L0:L0 + 1], x[:, L0:L0 + 1], x[:, L0:L0 + 1], kv_cache=cache)
+    want = full_forward_last(module, x[:, :L0 + 1], torch.arange(L0 + 1), L0 + 1, config)
+    torch.testing.assert_close(step[:, 0], want, rtol=1e-12, atol=1e-12)
+    assert cache.length == L0 + 1
