@@ -501,7 +501,8 @@ class StandardAttentionWithRoPE(nn.Module):
 
     def _axis_positions(self, name: str, p, x: torch.Tensor, offset: int) -> torch.Tensor:
         """Checked multi-axis positions of ``x`` ``(B, H, N, d)``: ``(N, k)`` or ``(B or 1,
-        N, k)``; None is the diagonal from ``offset``."""
+        N, k)``, on x's device (where the rows must be, also while the tables are still on
+        the meta device); None is the diagonal from ``offset``."""
         seq, axes = x.shape[-2], self.rotary.num_axes
         if p is None:
             return (offset + torch.arange(seq, device=x.device))[:, None].expand(seq, axes)
@@ -513,7 +514,7 @@ class StandardAttentionWithRoPE(nn.Module):
                              f"{axes}) for multi-axis RoPE: k = {axes} coordinates per token, "
                              f"the columns of frequencies (also when k = 1); got {seen}"
                              f"{hint}{hf_positions_hint(axes)}")
-        return p
+        return p.to(x.device)
 
     def _rotate_axes(self, q, k, positions, key_positions, offset):
         """Multi-axis positions ``(N, k)`` or ``(B, N, k)``: each token's rows gathered (or

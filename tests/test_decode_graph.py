@@ -95,6 +95,23 @@ def test_no_value_is_read_back_off_the_cpu(multi_axis):
                  cache_position=torch.empty((), dtype=torch.int64, device="meta"))
 
 
+@pytest.mark.parametrize("multi_axis", [False, True], ids=["1D", "M-RoPE"])
+def test_positions_on_the_host_rotate_where_the_module_is(multi_axis):
+    """Positions made on the host (``mrope_positions`` makes CPU tensors) for a module on an
+    accelerator: the rows are made where q is and the module's tables stay on its device.
+    The meta device stands in for the accelerator; before the fix an M-RoPE module built its
+    tables on the CPU and refused the call (cos/sin on cpu, x on meta), and every call after."""
+    frequencies = axis_frequencies(D // H, [2, 1, 1]) if multi_axis else None
+    attn = module("meta", frequencies=frequencies)
+    x = torch.empty(2, 5, D, device="meta")
+    positions = torch.arange(5)[:, None].expand(5, 3) if multi_axis else torch.arange(5)
+    with torch.no_grad():
+        for _ in range(2):
+            assert attn(x, x, x, positions=positions, is_causal=True).device.type == "meta"
+            assert attn(x, x, x, positions=positions, kv_cache=KVCache()).device.type == "meta"
+    assert attn.rotary.cos_cached.device.type == "meta"
+
+
 def test_cache_position_errors():
     attn = module("cpu")
     x = torch.randn(1, 1, D)
