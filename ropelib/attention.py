@@ -578,10 +578,11 @@ class StandardAttentionWithRoPE(nn.Module):
                 (``KVCache.write``), each query attends to the slots up to its own (and to
                 what ``attn_mask`` of shape ``(B, 1, 1, capacity)`` or ``(B, 1, N,
                 capacity)`` allows, e.g. left padding), and ``positions`` default to the
-                slots. As many new keys as queries, 1D RoPE whose frequencies do not
-                depend on the length. Nothing in such a step reads a value on the host, so on a GPU it
-                can be captured in a CUDA graph and replayed with new tokens, positions and
-                ``cache_position`` (see the README).
+                slots (``(N, 1)`` for one-axis frequencies). As many new keys as queries,
+                1D RoPE (or k = 1) whose frequencies do not depend on the length. Nothing
+                in such a step reads a value on the host, so on a GPU it can be captured in
+                a CUDA graph and replayed with new tokens, positions and ``cache_position``
+                (see the README).
 
         Returns:
             ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
@@ -655,8 +656,10 @@ class StandardAttentionWithRoPE(nn.Module):
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
         n = q.shape[-2]
         slots = cache_position.reshape(()).to(q.device) + torch.arange(n, device=q.device)
-        if positions is None:
-            positions = slots
+        if positions is None:  # one coordinate each for one-axis frequencies (k = 1)
+            one_axis = rope_embeddings is None and self.rotary is not None and (
+                self.rotary.frequencies is not None)
+            positions = slots[:, None] if one_axis else slots
         positions = check_int_tensor("positions", positions)
         q, k = self._rotate(q, k, rope_embeddings, positions, positions, 0, n)
         k, v = kv_cache.write(k, v, slots)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import attention_module_reference
 
 from ropelib import KVCache, StandardAttentionWithRoPE, axis_frequencies
 
@@ -110,6 +111,24 @@ def test_positions_on_the_host_rotate_where_the_module_is(multi_axis):
             assert attn(x, x, x, positions=positions, is_causal=True).device.type == "meta"
             assert attn(x, x, x, positions=positions, kv_cache=KVCache()).device.type == "meta"
     assert attn.rotary.cos_cached.device.type == "meta"
+
+
+def test_one_axis_frequencies_step_at_their_slots():
+    """A module with one-axis frequencies (``axis_frequencies(8, [4])``, k = 1) takes
+    cache_position steps without positions: each token sits at its slot, and every step
+    equals the float64 causal forward with angles slot * W."""
+    W = axis_frequencies(D // H, [4])
+    attn = module("cpu", frequencies=W).double()
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    cache = KVCache(capacity=CAPACITY)
+    with torch.no_grad():
+        for t in range(6):
+            xt = x[:, t:t + 1]
+            out = attn(xt, xt, xt, kv_cache=cache, cache_position=torch.tensor(t))
+            angles = torch.arange(t + 1, dtype=torch.float64)[:, None] @ W.T
+            want, _ = attention_module_reference(attn, x[:, :t + 1], x[:, :t + 1],
+                                                 x[:, :t + 1], angles, angles, causal=True)
+            torch.testing.assert_close(out[:, 0], want[:, -1], rtol=1e-12, atol=1e-12)
 
 
 def test_cache_position_errors():
