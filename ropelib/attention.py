@@ -165,7 +165,9 @@ class KVCache:
         if self._position_buffer is not None and axes != self._axes:
             held = f"{self._axes} coordinates" if self._axes else "1D positions"
             raise ValueError(f"this cache holds keys with {held} each; got positions of shape "
-                             f"{tuple(positions.shape)}")
+                             f"{tuple(positions.shape)} (a module's own when none were "
+                             "passed: a cache serves one layer, 1D or multi-axis; call "
+                             "reset() to start over)")
         self._axes = axes
         if axes is not None:
             return positions.to(key.device).expand(batch, new, axes)[:, None]

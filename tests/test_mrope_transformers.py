@@ -219,6 +219,21 @@ def test_a_cache_keeps_one_kind_of_positions():
     with pytest.raises(ValueError, match=r"holds keys with 3 coordinates each; got positions "
                                          r"of shape \(3,\)"):
         cache.update(key, key, positions=torch.arange(3))
+    # a 1D module decoding a multi-axis module's cache: the message says what went wrong
+    config, _ = hf_rotary("qwen2-vl", "dynamic")
+    mrope = StandardAttentionWithRoPE(HEADS * HEAD_DIM, HEADS, scaling=config.rope_parameters,
+                                      max_position_embeddings=64)
+    plain = StandardAttentionWithRoPE(HEADS * HEAD_DIM, HEADS, scaling={"rope_type": "dynamic",
+                                                                        "factor": 2.0},
+                                      max_position_embeddings=64)
+    x, shared = torch.randn(1, 2, HEADS * HEAD_DIM), KVCache()
+    with torch.no_grad():
+        mrope(x, x, x, kv_cache=shared)
+        with pytest.raises(ValueError, match=r"holds keys with 3 coordinates each; got positions "
+                                             r"of shape \(1,\) \(a module's own when none were "
+                                             r"passed: a cache serves one layer"):
+            plain(x[:, :1], x[:, :1], x[:, :1], kv_cache=shared)
+    assert shared.length == 2
     with pytest.raises(ValueError, match=r"multi-axis positions must have shape \(batch, new, "
                                          r"k\) = \(2, 3, k\)"):
         KVCache().update(key, key, positions=torch.zeros(2, 4, 3, dtype=torch.int64))
