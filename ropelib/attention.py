@@ -613,7 +613,7 @@ class StandardAttentionWithRoPE(nn.Module):
         if axes and self.rotary.dynamic:  # unrotated keys with their (t, h, w) positions
             positions = self._axis_positions("positions", positions, q, offset)
             key_positions = self._axis_positions("key_positions", key_positions, k, offset)
-            self._nonnegative(positions, key_positions)
+            self._refuse_negative(positions, key_positions)
             following = self._next_position(kv_cache, key_positions, offset, k)
             k, v = kv_cache.update(k, v, positions=key_positions if key_positions.ndim == 3
                                    else key_positions[None], next_position=following)
@@ -625,7 +625,7 @@ class StandardAttentionWithRoPE(nn.Module):
         elif kv_cache is not None and self._caches_unrotated(kv_cache, rope_embeddings):
             if key_positions is None:
                 key_positions = torch.arange(offset, offset + k.shape[-2], device=k.device)
-            self._nonnegative(positions, key_positions)
+            self._refuse_negative(positions, key_positions)
             k, v = kv_cache.update(k, v, positions=key_positions)
             q, k = self._rotate(q, k, rope_embeddings, positions, kv_cache.positions, offset, end)
         else:
@@ -721,7 +721,7 @@ class StandardAttentionWithRoPE(nn.Module):
         return following if previous is None else torch.maximum(previous, following)
 
     @staticmethod
-    def _nonnegative(positions: torch.Tensor | None, key_positions: torch.Tensor) -> None:
+    def _refuse_negative(positions: torch.Tensor | None, key_positions: torch.Tensor) -> None:
         """Refuses negative positions before a ``KVCache`` keeps unrotated keys, so a refused
         step leaves the cache as it was. Eager only (the rope types that cache unrotated
         keys read the largest position anyway); a graph asserts them where it rotates."""
