@@ -481,7 +481,6 @@ class StandardAttentionWithRoPE(nn.Module):
         length-dependent rope type would use a longer length for a position at or past
         ``end`` in eager mode; the graph asserts there is none. q and k at the same
         positions share their rows and rotate in one launch."""
-        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
         shared = (key_positions is positions and q.shape[-2] == k.shape[-2]
                   and q.shape[:-3] == k.shape[:-3])
         rows = []
@@ -497,9 +496,7 @@ class StandardAttentionWithRoPE(nn.Module):
             cos, sin = self.rotary.traced_rows(pos.to(x.device), end)
             # (seq,) or (batch, seq) positions: rows (1 or batch, 1 head, seq, rotary_dim / 2)
             rows.append(tuple(t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin)))
-        if shared:
-            return apply_rope_qk(q, k, *rows[0], **kw)
-        return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[1], **kw)
+        return self._apply_rows(q, k, rows)
 
     def _axis_positions(self, name: str, p, x: torch.Tensor, offset: int) -> torch.Tensor:
         """Checked multi-axis positions of ``x`` ``(B, H, N, d)``: ``(N, k)`` or ``(B or 1,
@@ -540,9 +537,15 @@ class StandardAttentionWithRoPE(nn.Module):
         for p in checked[:1] if checked[0] is checked[1] else checked:
             cos, sin = self.rotary(positions=p)
             rows.append(tuple(t[None, None] if p.ndim == 2 else t[:, None] for t in (cos, sin)))
-        if len(rows) == 1 and q.shape[:-3] == k.shape[:-3]:  # one launch for both on a GPU
+        return self._apply_rows(q, k, rows)
+
+    def _apply_rows(self, q, k, rows: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated by their ``(cos, sin)`` rows: ``rows`` holds one pair when they
+        share them (one launch for both on a GPU), else q's then k's."""
+        kw = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+        if len(rows) == 1:
             return apply_rope_qk(q, k, *rows[0], **kw)
-        return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[-1], **kw)
+        return apply_rope(q, *rows[0], **kw), apply_rope(k, *rows[1], **kw)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 rope_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
