@@ -128,8 +128,9 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.rope_max_dims.restype = _I64
     lib.rope_threaded.restype = _I64
     lib.max_dims = lib.rope_max_dims()
-    lib.rope_tile_bytes.restype = _I64
-    lib.tile_bytes = lib.rope_tile_bytes()
+    for name in ("tile_bytes", "table_cache_bytes", "table_tile_bytes"):
+        getattr(lib, f"rope_{name}").restype = _I64
+        setattr(lib, name, getattr(lib, f"rope_{name}")())
     lib.rope_advise_huge_pages.argtypes = [_PTR, _I64]
     lib.rope_advise_huge_pages.restype = ctypes.c_int
     return lib, None

@@ -158,14 +158,26 @@ def test_threads_split_rows_without_changing_a_bit(layout):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
 @pytest.mark.parametrize("tables", ["per_head", "broadcast"])
-def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables):
+@pytest.mark.parametrize("rows", ["whole runs", "runs cut for threads", "tiles"])
+def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     """The loop walks rows in tiles of the seq dim, each tile over every head before the next
-    (so a table broadcast over heads is read from the cache): with tables that change along
-    every dim (per batch and head) or only along seq, a seq length that is not a multiple
-    of the tile, a partial rotation and any number of threads, every row is rotated once by
-    its own angles (float64 reference) and the threads change no bit."""
+    (so a table broadcast over heads is read from a cache): a tile is the whole seq where the
+    tables of a seq fit in ``table_cache_bytes``, cut further when there are fewer runs than
+    threads, and ``table_tile_bytes`` of table rows where the tables are larger. In each case,
+    with tables that change along every dim (per batch and head) or only along seq, a seq
+    length that is not a multiple of the tile, a partial rotation and 1, 2 or 5 threads, every
+    row is rotated once by its own angles (float64 reference) and the threads change no bit."""
     torch.manual_seed(0)
-    batch, heads, seq, dim, rd = 2, 3, 307, 80, 64  # tile: 16384 / (64 * 4) = 64 rows
+    lib = native._load()[0]
+    acc_bytes = 8 if dtype == F64 else 4
+    batch, heads, seq, dim, rd = {
+        "whole runs": (2, 3, 307, 80, 64),  # 6 runs, more than the 2 threads it gets
+        # 2 runs, each cut in 3 for 5 threads (5 * PARALLEL_ELEMENTS elements get 5)
+        "runs cut for threads": (1, 2, 2053, 80, 64),
+        "tiles": (1, 2, lib.table_cache_bytes // (16 * acc_bytes) + 307, 24, 16),
+    }[rows]
+    assert (seq * rd * acc_bytes > lib.table_cache_bytes) == (rows == "tiles")
+    assert seq % (lib.table_tile_bytes // (rd * acc_bytes)) != 0  # a partial last tile
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
     positions = torch.randint(0, 5000, (batch, heads, seq) if tables == "per_head" else (seq,))
     theta = angles(positions.reshape(-1), thetas(rd)).reshape(*positions.shape, rd // 2)
