@@ -172,12 +172,15 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     acc_bytes = 8 if dtype == F64 else 4
     batch, heads, seq, dim, rd = {
         "whole runs": (2, 3, 307, 80, 64),  # 6 runs, more than the 2 threads it gets
-        # 2 runs, each cut in 3 for 5 threads (5 * PARALLEL_ELEMENTS elements get 5)
+        # 2 runs, each cut in 3 (685, 685 and 683 rows) for its 5 threads
         "runs cut for threads": (1, 2, 2053, 80, 64),
         "tiles": (1, 2, lib.table_cache_bytes // (16 * acc_bytes) + 307, 24, 16),
     }[rows]
     assert (seq * rd * acc_bytes > lib.table_cache_bytes) == (rows == "tiles")
-    assert seq % (lib.table_tile_bytes // (rd * acc_bytes)) != 0  # a partial last tile
+    if rows == "runs cut for threads":  # enough elements for 5 threads
+        assert batch * heads * seq * dim >= 5 * native.PARALLEL_ELEMENTS
+    if rows == "tiles":  # a partial last tile
+        assert seq % (lib.table_tile_bytes // (rd * acc_bytes)) != 0
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
     positions = torch.randint(0, 5000, (batch, heads, seq) if tables == "per_head" else (seq,))
     theta = angles(positions.reshape(-1), thetas(rd)).reshape(*positions.shape, rd // 2)
