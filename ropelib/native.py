@@ -43,6 +43,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._checks import check_count
+
 NAME = "native"
 SOURCE = Path(__file__).with_name("native_rope.c")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -131,6 +133,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     for name in ("tile_bytes", "table_cache_bytes", "table_tile_bytes"):
         getattr(lib, f"rope_{name}").restype = _I64
         setattr(lib, name, getattr(lib, f"rope_{name}")())
+    lib.rope_tile_rows.argtypes = [_I64] * 5
+    lib.rope_tile_rows.restype = _I64
     lib.rope_advise_huge_pages.argtypes = [_PTR, _I64]
     lib.rope_advise_huge_pages.restype = ctypes.c_int
     return lib, None
@@ -351,6 +355,27 @@ def supports_axes(x: torch.Tensor, rotary_dim: int) -> bool:
     in ``native_rope.c``, 16 KiB: rotary_dim up to 4096 channels for float32 tables, 2048 for float64)."""
     table_bytes = 8 if x.dtype == torch.float64 else 4
     return rotary_dim * table_bytes <= _load()[0].tile_bytes
+
+
+def tile_rows(seq: int, runs: int, table_row_bytes: int, threads: int = 1,
+              gathered: bool = False) -> int:
+    """The positions the compiled loop rotates per tile, for every one of ``runs`` rows of
+    each position (batch x heads) before the next tile: all ``seq`` where the tables of a
+    sequence fit in a cache (x and out are then walked in memory order), fewer where they are
+    larger, gathered (M-RoPE) or needed to share the rows among ``threads`` (rope_tile_rows in
+    ``native_rope.c``). ``table_row_bytes``: the bytes of one position's cos and sin rows
+    together (rotary_dim times 4 for float32 tables).
+
+    Raises:
+        ValueError: a count that is not a positive int.
+        RuntimeError: the compiled loop is not available (``unavailable_reason()``).
+    """
+    counts = [check_count(name, value) for name, value in (
+        ("seq", seq), ("runs", runs), ("table_row_bytes", table_row_bytes), ("threads", threads))]
+    lib, reason = _load()
+    if lib is None:
+        raise RuntimeError(f"the compiled loop is not available: {reason}")
+    return lib.rope_tile_rows(*counts[:3], int(gathered), counts[3])
 
 
 @functools.lru_cache(maxsize=256)

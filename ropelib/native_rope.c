@@ -285,7 +285,7 @@ ROPE_INLINE void NAME##_interleaved_in_place(T *x, const ACC *restrict c,       
  * table that is broadcast over heads is read from a cache for every head after the first
  * instead of from memory (the rows of a bfloat16 x are half the bytes of their float32
  * tables). A run is a whole seq where its tables fit in a cache (rope_tile_rows), and then
- * the units walk x and out in memory order. Units [begin, end) are
+ * the units walk a contiguous x and out in memory order. Units [begin, end) are
  * done here; `index` is the position in the other leading dims, advanced like an odometer
  * once per unit, with the element offsets of x, out and the tables kept alongside. A 1-D x
  * (ndim 0) is one unit of one row.
@@ -382,30 +382,41 @@ static TARGETS int64_t NAME##_range(                                            
     return 0;                                                                                  \
 }
 
-/* The rows of a tile, `row_bytes` being the bytes of one row of cos and sin. Where the
- * tables of a whole run take at most ROPE_TABLE_CACHE_BYTES they stay in the last-level cache
- * while every head reads them, so the tile is the whole run and x and out are read and
- * written as one stream in memory order, which the processor fetches ahead best: at
- * (4, 16, 2048, 128) on one thread of an AMD EPYC this took 0.75-0.85 of the time of tiles of
- * 16 KiB of table rows (x read in pieces 1 MiB apart) in float32, 0.6-0.65 in bfloat16, and
- * where x fits in the cache about the same (bfloat16 up to 5% more, its tables now read from
- * the second-level cache, not the first). Larger tables go in tiles of
- * ROPE_TABLE_TILE_BYTES (a second-level cache), which still leave x in pieces long enough to
- * stream. Gathered M-RoPE rows (`gathered`) hold ROPE_TILE_BYTES. Runs are cut further while
- * there are fewer units than threads. */
+/* The rows of a tile, `row_bytes` being the bytes of one row of cos and sin and `outer` the
+ * number of runs of each row index (batch x heads). Where the tables of a whole run take at
+ * most ROPE_TABLE_CACHE_BYTES they can stay in the last-level cache while every head reads
+ * them, so the tile is the whole run and a contiguous x and out are read and written as one
+ * stream in memory order, which the processor fetches ahead best: at (4, 16, 2048, 128), one
+ * thread of an AMD EPYC, this took about 0.8 of the time of tiles of 16 KiB of table rows
+ * (float32 x read in pieces 1 MiB apart) in float32 and about 0.6 in bfloat16, and where x
+ * fits in the cache about the same (bfloat16 up to 5% more, its tables now read from the
+ * second-level cache, not the first): benchmarks/results/2026-11-26-cpu-1thread-tiles.txt.
+ * Larger tables go in tiles of ROPE_TABLE_TILE_BYTES (a second-level cache), which still leave
+ * x in pieces long enough to stream. Gathered M-RoPE rows (`gathered`) hold ROPE_TILE_BYTES.
+ * With OpenMP, runs are then cut into tiles of 1/n of a run, n chosen for ROPE_UNITS_PER_THREAD
+ * units per thread, so that, where the rows allow, the threads' shares of units differ by a
+ * quarter at most (with whole runs, 6 runs on 4 threads would be 2, 1, 2, 1). Exported for
+ * the tests. */
 #define ROPE_TILE_BYTES 16384
 #define ROPE_TABLE_CACHE_BYTES (4 << 20)
 #define ROPE_TABLE_TILE_BYTES (256 << 10)
-static int64_t rope_tile_rows(int64_t run_size, int64_t outer, int64_t row_bytes,
-                              int64_t gathered, int64_t threads) {
+#define ROPE_UNITS_PER_THREAD 4
+int64_t rope_tile_rows(int64_t run_size, int64_t outer, int64_t row_bytes, int64_t gathered,
+                       int64_t threads) {
+    if (run_size < 1 || outer < 1 || row_bytes < 1) return run_size > 1 ? run_size : 1;
     int64_t tile = gathered ? ROPE_TILE_BYTES / row_bytes
                  : run_size * row_bytes <= ROPE_TABLE_CACHE_BYTES ? run_size
                  : ROPE_TABLE_TILE_BYTES / row_bytes;
     if (tile < 1 || tile > run_size) tile = run_size;
-    if (outer * ((run_size + tile - 1) / tile) < threads) {
-        int64_t runs = (threads + outer - 1) / outer;
+#if defined(_OPENMP)
+    const int64_t wanted = ROPE_UNITS_PER_THREAD * threads;
+    if (threads > 1 && outer * ((run_size + tile - 1) / tile) < wanted) {
+        const int64_t runs = (wanted + outer - 1) / outer;
         tile = (run_size + runs - 1) / runs;
     }
+#else
+    (void)threads;
+#endif
     return tile;
 }
 

@@ -162,25 +162,28 @@ def test_threads_split_rows_without_changing_a_bit(layout):
 def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     """The loop walks rows in tiles of the seq dim, each tile over every head before the next
     (so a table broadcast over heads is read from a cache): a tile is the whole seq where the
-    tables of a seq fit in ``table_cache_bytes``, cut further when there are fewer runs than
-    threads, and ``table_tile_bytes`` of table rows where the tables are larger. In each case,
-    with tables that change along every dim (per batch and head) or only along seq, a seq
-    length that is not a multiple of the tile, a partial rotation and 1, 2 or 5 threads, every
-    row is rotated once by its own angles (float64 reference) and the threads change no bit."""
+    tables of a seq fit in ``table_cache_bytes``, ``table_tile_bytes`` of table rows where they
+    are larger, and with several threads runs are cut until each thread gets a few units. In
+    each case (the tile ``native.tile_rows`` gives for it is checked first), with tables that
+    change along every dim (per batch and head) or only along seq, a partial rotation and 1, 2
+    or 5 threads, every row is rotated once by its own angles (float64 reference) and the
+    threads change no bit; where the seq is cut, the last tile is partial."""
     torch.manual_seed(0)
     lib = native._load()[0]
     acc_bytes = 8 if dtype == F64 else 4
     batch, heads, seq, dim, rd = {
-        "whole runs": (2, 3, 307, 80, 64),  # 6 runs, more than the 2 threads it gets
-        # 2 runs, each cut in 3 (685, 685 and 683 rows) for its 5 threads
-        "runs cut for threads": (1, 2, 2053, 80, 64),
+        "whole runs": (2, 4, 307, 80, 64),  # 8 runs: 4 for each of the 2 threads it gets
+        "runs cut for threads": (1, 2, 2053, 80, 64),  # 2 runs for the 5 threads it gets
         "tiles": (1, 2, lib.table_cache_bytes // (16 * acc_bytes) + 307, 24, 16),
     }[rows]
-    assert (seq * rd * acc_bytes > lib.table_cache_bytes) == (rows == "tiles")
-    if rows == "runs cut for threads":  # enough elements for 5 threads
-        assert batch * heads * seq * dim >= 5 * native.PARALLEL_ELEMENTS
-    if rows == "tiles":  # a partial last tile
-        assert seq % (lib.table_tile_bytes // (rd * acc_bytes)) != 0
+    most = min(5, batch * heads * seq * dim // native.PARALLEL_ELEMENTS)  # as rotate picks
+    tile = native.tile_rows(seq, batch * heads, rd * acc_bytes, most)
+    if rows == "whole runs":
+        assert tile == seq
+    elif rows == "runs cut for threads" and native.threaded():
+        assert most == 5 and tile < seq and seq % tile
+    elif rows == "tiles":
+        assert tile == lib.table_tile_bytes // (rd * acc_bytes) and seq % tile
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
     positions = torch.randint(0, 5000, (batch, heads, seq) if tables == "per_head" else (seq,))
     theta = angles(positions.reshape(-1), thetas(rd)).reshape(*positions.shape, rd // 2)
@@ -207,15 +210,21 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout):
+@pytest.mark.parametrize("shape", [(2, 3, 307, 80), (1, 1, 307, 1100)])
+def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout, shape):
     """With positions, the loop reads pair i of a token at coordinates p from table row
     p[axes[i]] itself, a tile at a time: against float64 rotations by the angles
     p[axes[i]] * theta_i, and bit for bit against the same loop on rows gathered first
     (eager.gather_rows), for positions shared by the batch or one row per batch entry,
     tokens on the diagonal (read from the table) and off it, a seq length that is not a
-    multiple of the tile, a partial rotation, in place, and 1, 2 or 5 threads."""
+    multiple of the tile, a partial rotation, in place, and 1, 2 or 5 threads; in the
+    second shape one run gets 5 threads, so its tiles are cut smaller for them."""
     torch.manual_seed(0)
-    batch, heads, seq, dim, rd, k = 2, 3, 307, 80, 64, 3
+    (batch, heads, seq, dim), rd, k = shape, 64, 3
+    if shape[0] == 1 and native.threaded():
+        acc_bytes = 8 if dtype == F64 else 4
+        tile = native.tile_rows(seq, 1, rd * acc_bytes, 5, gathered=True)
+        assert tile < native._load()[0].tile_bytes // (rd * acc_bytes) and seq % tile
     axes = torch.tensor([2, 0, 1, 1] * (rd // 8) + [0] * (rd // 4))[:rd // 2]
     table_len = 900
     theta = angles(torch.arange(table_len), thetas(rd))
@@ -413,3 +422,10 @@ def test_one_coordinate_per_token_without_axes(layout):
     torch.testing.assert_close(compiled, by_gather, rtol=1e-6, atol=1e-6)  # two roundings
     expected = rope_by_pairs(x.to(F64), angles64(40, 16)[positions][:, None], layout)
     torch.testing.assert_close(compiled.to(F64), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("args, name", [((0, 1, 4), "seq"), ((8, 0, 4), "runs"),
+                                        ((8, 1, 2.5), "table_row_bytes"), ((8, 1, 4, 0), "threads")])
+def test_tile_rows_names_a_bad_count(args, name):
+    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+        native.tile_rows(*args)
