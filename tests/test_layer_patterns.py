@@ -110,6 +110,34 @@ def test_train_is_reproducible_and_learns_the_counting_task():
     assert sum(first[-5:]) / 5 < 0.5 * math.log(6)
 
 
+def test_one_cycle_follows_pytorchs_schedule_up_to_lr_and_down():
+    """``one_cycle=True`` is AdamW stepped by ``OneCycleLR(max_lr=lr, total_steps=steps)``,
+    written out here as a loop; without it the rate stays at ``lr`` (another run)."""
+    def fresh():
+        torch.manual_seed(0)
+        return PatternDecoder(PatternConfig(layers=(None,), vocab_size=6, max_distance=0,
+                                            embed_dim=16, num_heads=2))
+
+    batches = partial(counting_batch, 8, 6, 6)
+    losses = train(fresh(), batches, 12, seed=3, lr=1e-2, one_cycle=True)
+    model, generator = fresh(), torch.Generator().manual_seed(3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=12)
+    rates, by_hand = [], []
+    for _ in range(12):
+        tokens, targets = batches(generator=generator)
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+        by_hand.append(loss.item())
+    assert losses == by_hand
+    assert max(rates) == pytest.approx(1e-2, rel=0.02) and rates[-1] < 1e-4 and rates[0] < 1e-3
+    assert train(fresh(), batches, 12, seed=3, lr=1e-2) != losses
+
+
 def test_accuracy_by_length_counts_only_queries_with_targets():
     class Oracle(torch.nn.Module):  # answers every look-back query right
         config = PatternConfig(layers=(None,), vocab_size=5, max_distance=3)

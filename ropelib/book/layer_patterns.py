@@ -195,16 +195,21 @@ class PatternDecoder(nn.Module):
 
 
 def train(model: PatternDecoder, batches: Callable[[torch.Generator], tuple], steps: int, *,
-          seed: int, lr: float = 3e-3, causal: bool = True,
+          seed: int, lr: float = 3e-3, one_cycle: bool = False, causal: bool = True,
           progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> list[float]:
     """AdamW on the cross-entropy of ``model`` over ``steps`` batches; the loss of every step.
 
     ``batches(generator)`` returns ``(*inputs, targets)`` (targets ``IGNORE`` where there is
     none); the generator is seeded with ``seed``, so every model trained with one seed sees
-    the same batches. ``progress`` wraps the step range (e.g. ``tqdm``).
+    the same batches. The learning rate is ``lr`` throughout, or with ``one_cycle`` PyTorch's
+    ``OneCycleLR`` up to ``lr`` and down to nearly 0 at the last step (a run that ends on a
+    small step ends where it converged, not wherever the last large step threw it).
+    ``progress`` wraps the step range (e.g. ``tqdm``).
     """
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
+                if one_cycle else None)
     model.train()
     losses = []
     steps_range: Iterable[int] = range(steps)
@@ -215,6 +220,8 @@ def train(model: PatternDecoder, batches: Callable[[torch.Generator], tuple], st
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         losses.append(loss.item())
     return losses
 
