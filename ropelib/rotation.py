@@ -235,10 +235,10 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
             raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
                              f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
                              "with positions= instead")
-    return rd, _check_offset(offset)
+    return rd, check_offset(offset)
 
 
-def _check_offset(offset: object) -> int | torch.Tensor:
+def check_offset(offset: object) -> int | torch.Tensor:
     """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool); a
     0-d integer tensor on a GPU stays a tensor (reading it would wait for the device), and
     is checked there."""

@@ -14,7 +14,13 @@ import pytest
 import torch
 from reference import angles, rope_by_pairs, thetas
 
-from ropelib import apply_rope, apply_rope_qk, generate_rope_embeddings
+from ropelib import (
+    KVCache,
+    StandardAttentionWithRoPE,
+    apply_rope,
+    apply_rope_qk,
+    generate_rope_embeddings,
+)
 
 F64 = torch.float64
 LAYOUTS = ("interleaved", "half")
@@ -137,3 +143,187 @@ def test_item6_triton_merges_each_tensors_leading_dims_on_its_own(monkeypatch, l
     q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions)
     close(q_rot, expected(q, positions[:, None], 16, layout))
     close(k_rot, expected(k, positions[:, None], 16, layout))
+
+
+# Items 2, 3 and 14: the cache slot path -------------------------------------------------------
+
+D, H, KV, CAPACITY = 32, 4, 2, 8
+
+
+def attention(**kw):
+    torch.manual_seed(0)
+    return StandardAttentionWithRoPE(D, H, num_kv_heads=KV, layout="half", bias=False,
+                                     **kw).double().eval()
+
+
+def decode_with_updates(attn, x, prefill: int):
+    """The same tokens through KVCache.update (the path the slot path must equal)."""
+    cache = KVCache()
+    outs = [attn(x[:, :prefill], x[:, :prefill], x[:, :prefill], kv_cache=cache,
+                 is_causal=True)]
+    for t in range(prefill, x.shape[1]):
+        step = x[:, t:t + 1]
+        outs.append(attn(step, step, step, kv_cache=cache, is_causal=True))
+    return torch.cat(outs, 1)
+
+
+def test_item2_a_slot_past_the_capacity_is_refused_before_anything_is_written():
+    """index_copy_ wrote the keys of the in-range rows and then failed on the values: the
+    cache was left half-written. Now the slots are checked first, the message names
+    cache_position and the capacity, and the buffers are exactly as before the call."""
+    attn = attention()
+    x = torch.randn(1, CAPACITY + 2, D, dtype=F64)
+    cache = KVCache(capacity=CAPACITY)
+    with torch.no_grad():
+        attn(x[:, :6], x[:, :6], x[:, :6], kv_cache=cache, cache_position=torch.tensor(0))
+        key, value = cache._key_buffer.clone(), cache._value_buffer.clone()
+        for start in (6, 7, -1):  # 6: slots 6, 7, 8; 7: 7..9; -1: -1..1
+            with pytest.raises(ValueError, match=r"slots must be in \[0, 8\) \(the cache's "
+                                                 r"capacity\).*cache_position"):
+                attn(x[:, 6:9], x[:, 6:9], x[:, 6:9], kv_cache=cache,
+                     cache_position=torch.tensor(start))
+            assert torch.equal(cache._key_buffer, key)
+            assert torch.equal(cache._value_buffer, value)
+    with pytest.raises(ValueError, match=r"slots must be in \[0, 8\)"):
+        KVCache(capacity=CAPACITY).write(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8),
+                                         torch.tensor([8]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8, torch.int64])
+def test_item2_slots_of_every_integer_dtype(dtype):
+    """The docstring says "an integer tensor": int32, int16 and uint8 slots failed with
+    "Expected a long tensor for index". They write what int64 slots write."""
+    attn = attention()
+    x = torch.randn(2, 6, D, dtype=F64)
+    with torch.no_grad():
+        want = decode_with_updates(attn, x, 3)
+        cache = KVCache(capacity=CAPACITY)
+        outs = [attn(x[:, :3], x[:, :3], x[:, :3], kv_cache=cache,
+                     cache_position=torch.tensor(0, dtype=dtype))]
+        for t in range(3, 6):
+            step = x[:, t:t + 1]
+            outs.append(attn(step, step, step, kv_cache=cache,
+                             cache_position=torch.tensor(t, dtype=dtype)))
+    torch.testing.assert_close(torch.cat(outs, 1), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="slots must hold integer positions, got dtype "
+                                        "torch.float32"):
+        KVCache(capacity=4).write(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8),
+                                  torch.tensor([0.0]))
+    with pytest.raises(TypeError, match="cache_position must hold integer positions"):
+        attn(x[:, :1], x[:, :1], x[:, :1], kv_cache=KVCache(capacity=4),
+             cache_position=torch.tensor(0.0))
+
+
+def test_item2_prefill_in_inference_mode_then_decode_under_no_grad():
+    """Buffers made under inference_mode are inference tensors; a write outside it failed
+    ("Inplace update to inference tensor outside InferenceMode"). They are copied once
+    into ordinary tensors, as update() does, and the steps equal decoding with updates."""
+    attn = attention()
+    x = torch.randn(2, 6, D, dtype=F64)
+    with torch.no_grad():
+        want = decode_with_updates(attn, x, 3)
+    cache = KVCache(capacity=CAPACITY)
+    with torch.inference_mode():
+        outs = [attn(x[:, :3], x[:, :3], x[:, :3], kv_cache=cache,
+                     cache_position=torch.tensor(0)).clone()]
+    with torch.no_grad():
+        for t in range(3, 6):
+            step = x[:, t:t + 1]
+            outs.append(attn(step, step, step, kv_cache=cache,
+                             cache_position=torch.tensor(t)))
+    assert not cache._key_buffer.is_inference()
+    torch.testing.assert_close(torch.cat(outs, 1), want, rtol=1e-12, atol=1e-12)
+
+
+def test_item2_steps_under_autograd_backpropagate_through_every_step():
+    """Under autograd the write makes new buffers instead of writing into the ones an
+    earlier step's backward reads (which failed with "modified by an inplace operation"):
+    the gradients of several slot steps equal those of the same steps through update()."""
+    x = torch.randn(2, 6, D, dtype=F64)
+
+    def loss(use_slots: bool):
+        attn = attention().train()
+        if not use_slots:
+            return decode_with_updates(attn, x, 3).square().sum(), attn
+        cache = KVCache(capacity=CAPACITY)
+        outs = [attn(x[:, :3], x[:, :3], x[:, :3], kv_cache=cache,
+                     cache_position=torch.tensor(0))]
+        for t in range(3, 6):
+            step = x[:, t:t + 1]
+            outs.append(attn(step, step, step, kv_cache=cache, cache_position=torch.tensor(t)))
+        return torch.cat(outs, 1).square().sum(), attn
+
+    for use_slots in (True, False):
+        value, attn = loss(use_slots)
+        value.backward()
+        grads = [p.grad.clone() for p in attn.parameters()]
+        if use_slots:
+            slot_value, slot_grads = value.detach(), grads
+    torch.testing.assert_close(slot_value, value.detach(), rtol=1e-12, atol=1e-12)
+    for got, want in zip(slot_grads, grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_item3_offset_and_key_positions_of_a_slot_step_are_used():
+    """offset= and key_positions= were dropped without a word. offset sets the positions of
+    the new tokens (offset + 0 .. N - 1) wherever they sit in the cache; key_positions
+    rotate the keys. Reference: the same tokens through update() at those positions."""
+    attn = attention()
+    x = torch.randn(1, 4, D, dtype=F64)
+    with torch.no_grad():
+        updates = KVCache()
+        want = attn(x, x, x, kv_cache=updates, offset=5, is_causal=True)
+        slots = KVCache(capacity=CAPACITY)
+        got = attn(x, x, x, kv_cache=slots, cache_position=torch.tensor(0), offset=5)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        key_positions = torch.tensor([9, 2, 7, 4])
+        positions = torch.tensor([1, 3, 5, 8])
+        mask = torch.ones(4, 4, dtype=torch.bool).tril()
+        want = attn(x, x, x, positions=positions, key_positions=key_positions,
+                    attn_mask=mask)
+        padded = torch.zeros(1, 1, 4, CAPACITY, dtype=torch.bool)
+        padded[..., :4] = True  # the slots' own causal mask does the rest
+        got = attn(x, x, x, kv_cache=KVCache(capacity=CAPACITY), positions=positions,
+                   key_positions=key_positions, cache_position=torch.tensor(0),
+                   attn_mask=padded)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        with pytest.raises(ValueError, match="pass either positions or offset"):
+            attn(x, x, x, kv_cache=KVCache(capacity=CAPACITY), positions=positions, offset=2,
+                 cache_position=torch.tensor(0))
+
+
+def test_item3_a_mask_as_wide_as_the_tokens_so_far_names_attn_mask_and_the_capacity():
+    attn = attention()
+    x = torch.randn(2, 3, D, dtype=F64)
+    cache = KVCache(capacity=CAPACITY)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"attn_mask of a cache_position step "
+                                                          r"must broadcast to \(batch, heads, "
+                                                          r"new, capacity\) = \(2, 4, 3, 8\).*"
+                                                          r"got \(2, 1, 1, 3\)"):
+        attn(x, x, x, kv_cache=cache, cache_position=torch.tensor(0),
+             attn_mask=torch.ones(2, 1, 1, 3, dtype=torch.bool))
+    assert cache._key_buffer is None  # refused before anything was written
+
+
+def test_item14_one_cache_shared_by_two_layers_is_refused():
+    """The second layer's keys were appended to the first's and both attended to them. The
+    cache knows the module that first wrote it; reset() frees it; a copy belongs to none."""
+    import copy
+    import pickle
+
+    first, second = attention(), attention()
+    x = torch.randn(1, 3, D, dtype=F64)
+    for cache, kw in ((KVCache(), {}), (KVCache(capacity=CAPACITY),
+                                        {"cache_position": torch.tensor(0)})):
+        with torch.no_grad():
+            first(x, x, x, kv_cache=cache, **kw)
+            length = cache.length
+            with pytest.raises(ValueError, match="this KVCache holds the keys of another "
+                                                 "layer.*give every layer its own cache"):
+                second(x, x, x, kv_cache=cache, **kw)
+            assert cache.length == length
+            for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+                second(x[:, :1], x[:, :1], x[:, :1], kv_cache=twin,
+                       **({"cache_position": torch.tensor(3)} if kw else {}))
+            cache.reset()
+            second(x, x, x, kv_cache=cache, **kw)
