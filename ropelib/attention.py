@@ -410,6 +410,9 @@ class StandardAttentionWithRoPE(nn.Module):
         dropout: dropout on the attention weights (training only).
         num_kv_heads: key/value heads (GQA; 1 is MQA). Default: num_heads.
         bias: bias in the four projections (Hugging Face Llama: False).
+        o_proj_bias: bias in the output projection; default ``bias``. Qwen2 and Qwen2-VL
+            have q, k and v biases and none in ``o_proj``: ``bias=True, o_proj_bias=False``
+            loads their attention's state dict strictly.
         layout: ``"interleaved"`` (RoFormer, Meta Llama) or ``"half"`` (Hugging Face Llama).
         rotary_dim: rotate only the first rotary_dim channels of each head. A
             ``partial_rotary_factor`` p in ``scaling`` sets it as transformers does (int(p *
@@ -441,7 +444,8 @@ class StandardAttentionWithRoPE(nn.Module):
                  scaling: Mapping | None = None, max_position_embeddings: int | None = None,
                  rope: bool = True, short_table: str = "raise",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 layer_type: str | None = None, frequencies: torch.Tensor | None = None):
+                 layer_type: str | None = None, frequencies: torch.Tensor | None = None,
+                 o_proj_bias: bool | None = None):
         super().__init__()
         embed_dim = check_count("embed_dim", embed_dim)
         num_heads = check_count("num_heads", num_heads)
@@ -486,7 +490,11 @@ class StandardAttentionWithRoPE(nn.Module):
         self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **kw)
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
-        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        if o_proj_bias is not None and not isinstance(o_proj_bias, bool):
+            raise TypeError(f"o_proj_bias must be a bool or None, got "
+                            f"{type(o_proj_bias).__name__}")
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim,
+                                bias=bias if o_proj_bias is None else o_proj_bias, **kw)
         if frequencies is not None and not rope:
             raise ValueError("frequencies (multi-axis RoPE) need rope=True")
         self.rotary = RotaryEmbedding(table_dim, base, scaling=scaling, device=device,

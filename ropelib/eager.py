@@ -8,6 +8,8 @@ compiler, other devices), arranged to move few bytes:
 - **Interleaved layout, float16/bfloat16:** there is no half-precision complex multiply on the
   CPU, so x is widened to float32 once, rotated there in place and rounded once into ``out``
   (which is also more accurate than three rounded half-precision operations).
+- **Half layout, float16/bfloat16:** likewise widened to float32, rotated there as below
+  and rounded once into ``out``, as the compiled loop and the Triton kernel do.
 - **Otherwise:** ``out = x * cos_wide`` (cos repeated to full width in the layout's pair
   order), then ``out_a -= b * sin`` and ``out_b += a * sin`` with ``addcmul_``: two passes, no
   temporaries.
@@ -69,6 +71,14 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
         outr.copy_(wide)
         return out
     cos, sin, cos_wide = tables
+    if path == "upcast_pairs":
+        wide = xr.to(torch.float32)
+        rotated = torch.mul(wide, cos_wide)
+        (a, b), (rotated_a, rotated_b) = pairs(wide, layout), pairs(rotated, layout)
+        rotated_a.addcmul_(b, sin, value=-1)
+        rotated_b.addcmul_(a, sin)
+        outr.copy_(rotated)
+        return out
     a, b = pairs(xr, layout)
     if in_place:
         a_saved = a.clone()
@@ -83,7 +93,10 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
 
 
 def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
-    """``"complex"``, ``"upcast"`` (half precision via float32 complex) or ``"pairs"``."""
+    """``"complex"``, ``"upcast"`` (half precision via float32 complex), ``"upcast_pairs"``
+    (half precision, half layout, in float32) or ``"pairs"``."""
+    if layout == "half" and x.dtype in _UPCAST_DTYPES:
+        return "upcast_pairs"
     if layout == "interleaved":
         if x.dtype in _UPCAST_DTYPES:
             return "upcast"
@@ -97,7 +110,8 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
                    layout: str, inverse: bool = False) -> tuple[torch.Tensor, ...]:
     """The tables a path multiplies by, with the rows (dim -2) of cos and sin:
     ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
-    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype. With
+    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype
+    (``"upcast_pairs"``: in float32). With
     ``inverse`` they are those of -theta (sin negated)."""
     if inverse:
         sin = -sin
@@ -105,6 +119,8 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
         return (torch.complex(cos.to(dtype), sin.to(dtype)),)
     if path == "upcast":
         return (torch.complex(cos.float(), sin.float()),)
+    if path == "upcast_pairs":
+        dtype = torch.float32
     cos, sin = cos.to(dtype), sin.to(dtype)
     return cos, sin, _widen(cos, layout)
 

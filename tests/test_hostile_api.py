@@ -327,3 +327,113 @@ def test_item14_one_cache_shared_by_two_layers_is_refused():
                        **({"cache_position": torch.tensor(3)} if kw else {}))
             cache.reset()
             second(x, x, x, kv_cache=cache, **kw)
+
+
+# Item 9: apply_rope_qk's errors name q, k, q_out, k_out and inplace ----------------------------
+
+QK_ERRORS = {
+    "k_out of q's shape": (
+        lambda q, k, c, s: apply_rope_qk(q, k, c, s, out=(torch.empty_like(q),
+                                                          torch.empty_like(q))),
+        ValueError, r"k_out must match k: shape \(2, 2, 5, 16\).*got shape \(2, 4, 5, 16\)"),
+    "q_out of k's dtype": (
+        lambda q, k, c, s: apply_rope_qk(q, k, c, s, out=(q.double(), torch.empty_like(k))),
+        ValueError, r"q_out must match q: .*dtype torch.float32.*got .*dtype torch.float64"),
+    "q_out not a tensor": (
+        lambda q, k, c, s: apply_rope_qk(q, k, c, s, out=([0.0], k)), TypeError,
+        r"q_out must be a torch.Tensor, got list"),
+    "k_out expanded": (
+        lambda q, k, c, s: apply_rope_qk(q, k, c, s, out=(torch.empty_like(q),
+                                                          torch.empty(1, 2, 5, 16).expand(
+                                                              2, 2, 5, 16))),
+        ValueError, r"k_out has elements that share memory .*torch.empty_like\(k\)"),
+    "integer q": (
+        lambda q, k, c, s: apply_rope_qk(q.long(), k, c, s), TypeError,
+        r"q must be a floating-point tensor, got dtype torch.int64; convert it first, e.g. "
+        r"q.float\(\)"),
+    "integer k": (
+        lambda q, k, c, s: apply_rope_qk(q, k.long(), c, s), TypeError,
+        r"k must be a floating-point tensor"),
+    "q of one dim": (
+        lambda q, k, c, s: apply_rope_qk(q[0, 0, 0], k, c, s), ValueError,
+        r"q must have shape \(..., seq, head_dim\)"),
+    "tables on another device": (
+        lambda q, k, c, s: apply_rope_qk(q, k, c.to("meta"), s.to("meta")), ValueError,
+        r"cos/sin are on meta but q is on cpu; move them with cos.to\(q.device\)"),
+    "inplace under autograd": (
+        lambda q, k, c, s: apply_rope_qk(q.requires_grad_(), k, c, s, inplace=True),
+        ValueError, r"apply_rope_qk\(..., inplace=True\) is not differentiable .*drop "
+        r"inplace=True"),
+    "out= under autograd": (
+        lambda q, k, c, s: apply_rope_qk(q, k.requires_grad_(), c, s,
+                                         out=(torch.empty_like(q), torch.empty_like(k))),
+        ValueError, r"apply_rope_qk\(..., out=...\) is not differentiable; .*drop out="),
+}
+
+
+@pytest.mark.parametrize("case", QK_ERRORS, ids=list(QK_ERRORS))
+def test_item9_apply_rope_qk_errors_name_its_own_arguments(case):
+    call, error, match = QK_ERRORS[case]
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    with pytest.raises(error, match=match):
+        call(q, k, *generate_rope_embeddings(5, 16))
+
+
+# Item 16 (the first thing a transformers user meets): the hint for tables of another width ------
+
+def test_item16_transformers_tables_get_the_right_hint():
+    """transformers' tables (cat(freqs, freqs), head_dim wide) were refused with "for a
+    partial rotation pass rotary_dim=32" for a head of 16, advice that was refused in turn.
+    The hint now says what these tables are and what to pass; following it works."""
+    q = torch.randn(2, 4, 5, 16)
+    cos, sin = generate_rope_embeddings(5, 16)
+    hf_cos, hf_sin = (torch.cat((t, t), -1)[None, None] for t in (cos, sin))  # (1, 1, 5, 16)
+    with pytest.raises(ValueError, match=r"cat\(freqs, freqs\).*pass cos\[..., :8\] and "
+                                         r"sin\[..., :8\] with layout='half', or call "
+                                         r"ropelib.hf.apply_rotary_pos_emb") as refused:
+        apply_rope(q, hf_cos, hf_sin, layout="half")
+    assert "rotary_dim=32" not in str(refused.value)
+    close(apply_rope(q, hf_cos[..., :8], hf_sin[..., :8], layout="half"),
+          expected(q, range(5), 16, "half"))
+    # a partial rotation's transformers tables (rotary_dim 4 of 16, 4 wide): ropelib's tables
+    # of 4 pairs would rotate 8 channels, transformers' of that width 4; both hints are given
+    cos4, sin4 = generate_rope_embeddings(5, 4)
+    wide = torch.cat((cos4, cos4), -1), torch.cat((sin4, sin4), -1)
+    with pytest.raises(ValueError, match=r"pass rotary_dim=8; .*pass cos\[..., :2\] and "
+                                         r"sin\[..., :2\] with layout='half', rotary_dim=4"):
+        apply_rope(q, *wide, layout="half")
+    close(apply_rope(q, wide[0][..., :2], wide[1][..., :2], layout="half", rotary_dim=4),
+          rope_by_pairs(q, angles(torch.arange(5), thetas(4)), "half"))
+
+
+# Item 7: eager half layout in bfloat16/float16 computes in float32 and rounds once ---------------
+
+def within_one_rounding(got: torch.Tensor, x: torch.Tensor, want: torch.Tensor,
+                        layout: str) -> bool:
+    """Whether got (x's dtype) is within one unit in the last place of the float64 result,
+    eps * |want| (1 to 2 ulp: Triton's interpreter truncates), plus what float32
+    arithmetic may lose to cancellation, 2^-21 of the pair's magnitude |a| + |b|. Three
+    roundings in bfloat16 lose eps * (|a| + |b|), far more."""
+    x = x.to(F64).abs()
+    half = x.shape[-1] // 2
+    partner = x.roll(half, -1) if layout == "half" else x.unflatten(-1, (half, 2)).flip(
+        -1).flatten(-2)
+    bound = torch.finfo(got.dtype).eps * want.abs() + 2 ** -21 * (x + partner)
+    return bool(((got.to(F64) - want).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_item7_half_precision_is_within_one_rounding_on_every_backend(forced, dtype, layout):
+    """The eager half layout multiplied and added in bfloat16/float16 (three roundings):
+    4.3 and 5.1 ulp from float64, where native and Triton were within 1. Every backend now
+    computes in float32 and rounds once, in place too."""
+    if forced == "native" and dtype == torch.float16:
+        pytest.skip("the C loop takes float32, float64 and bfloat16 (float16 goes to eager)")
+    x = (torch.randn(2, 4, 64, 64) * 4).to(dtype)
+    cos, sin = generate_rope_embeddings(64, 64)
+    want = expected(x.to(F64), range(64), 64, layout)
+    assert within_one_rounding(apply_rope(x, cos, sin, layout=layout), x, want, layout)
+    y = x.clone()
+    apply_rope(y, cos, sin, layout=layout, out=y)
+    assert within_one_rounding(y, x, want, layout)
