@@ -437,3 +437,54 @@ def test_item7_half_precision_is_within_one_rounding_on_every_backend(forced, dt
     y = x.clone()
     apply_rope(y, cos, sin, layout=layout, out=y)
     assert within_one_rounding(y, x, want, layout)
+
+
+# Item 5: tables wider than rotary_dim // 2 with positions, straight to the operators ----------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_item5_tables_wider_than_the_rotated_pairs(forced, layout):
+    """The operators take tables with more than rotary_dim // 2 columns (the checks ask for
+    at least that many) and read the first ones. With positions the C loop stepped the
+    rows by rotary_dim // 2 instead of the table's row (5.9 off), eager failed in a
+    broadcast. Reference: the float64 rotation of the positions' angles."""
+    from ropelib import kernels
+
+    x = torch.randn(2, 3, 5, 16)
+    cos, sin = generate_rope_embeddings(12, 8)  # 4 pairs, then 3 columns of junk
+    wide = [torch.cat((t, torch.full((12, 3), 7.0)), -1) for t in (cos, sin)]  # (12, 7)
+    positions = torch.tensor([[4, 3, 11, 1, 0], [9, 2, 6, 5, 7]])
+    coordinates = positions[:, None, :, None]  # (batch, 1, seq, 1)
+    want = rope_by_pairs(x, angles(positions[:, None], thetas(8)), layout)
+    got = torch.ops.ropelib.rotate(x, *wide, layout, 8, False, coordinates, None)
+    close(got, want)
+    k = torch.randn(2, 1, 5, 16)
+    q_rot, k_rot = kernels.rotate_qk(x, k, *wide, layout, 8, False, coordinates, None)
+    close(q_rot, want)
+    close(k_rot, rope_by_pairs(k, angles(positions[:, None], thetas(8)), layout))
+    rows = [t[positions[:, None]] for t in wide]  # gathered wide rows (2, 1, 5, 7)
+    close(torch.ops.ropelib.rotate(x, *rows, layout, 8, False, None, None), want)
+
+
+# Item 15: the smaller findings ---------------------------------------------------------------
+
+def test_item15_apply_rope_qk_converts_the_tables_once(monkeypatch):
+    """On the CPU the C loop takes float32 tables: float64 tables (as generate_rope_embeddings
+    makes them with dtype=float64) were converted once for q and again for k. Both
+    rotations now read one converted pair; the results are the float64 formula's."""
+    from ropelib import native
+
+    monkeypatch.setenv("ROPELIB_BACKEND", "native")
+    seen = []
+    rotate = native.rotate
+
+    def spy(x, cos, sin, *args, **kwargs):
+        seen.append((cos.data_ptr(), sin.data_ptr()))
+        return rotate(x, cos, sin, *args, **kwargs)
+
+    monkeypatch.setattr(native, "rotate", spy)
+    cos, sin = generate_rope_embeddings(5, 16, dtype=F64)
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout="half")
+    assert len(seen) == 2 and seen[0] == seen[1]
+    close(q_rot, expected(q, range(5), 16, "half"))
+    close(k_rot, expected(k, range(5), 16, "half"))
