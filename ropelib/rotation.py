@@ -93,6 +93,7 @@ def apply_rope(
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
+        kernels.check_forced_under_transform(x)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
@@ -154,6 +155,7 @@ def apply_rope_qk(
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
+        kernels.check_forced_under_transform(q)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in (q, k)]
         if out is None:
