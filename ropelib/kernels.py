@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import check_rotation_operands
+from ._checks import check_coordinates, check_rotation_operands
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -254,7 +254,15 @@ def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
     """Checked on the real tensors (so also in a compiled graph): out may not overlap the
     tables, nor share an element with x unless it is x itself. Meta tensors hold no memory
-    (every one reports address 0): nothing to check."""
+    (every one reports address 0): nothing to check. An inference tensor (made under
+    ``torch.inference_mode()``) takes no write outside inference mode, as PyTorch's own
+    in-place operators refuse it."""
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) "
+                         "and this call is outside inference mode, where PyTorch refuses "
+                         "in-place updates to inference tensors; call it under "
+                         f"torch.inference_mode(), or pass a destination made outside it "
+                         f"(e.g. {x_name}.clone())")
     if out.device.type == "meta":
         return
     out_span = _byte_span(out)
@@ -345,6 +353,8 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     directly only for plain tensors in eager mode (``plain_call``); arguments as for
     ``ropelib::rotate``."""
     backend = backend_for(xs, outs, cos, sin, rotary_dim, positions)
+    if positions is not None and xs[0].device.type == "cpu" and backend is not native:
+        check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
 
 

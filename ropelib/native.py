@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_count
+from ._checks import check_coordinates, check_count
 
 NAME = "native"
 SOURCE = Path(__file__).with_name("native_rope.c")
@@ -368,10 +368,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     axes = axes.to(torch.int32).contiguous()
     if _load()[0].rope_axes[x.dtype](*args, positions.data_ptr(), axes.data_ptr(), k,
                                      cos.shape[0]):
-        raise ValueError(f"positions must be in [0, {cos.shape[0]}) (the table's rows) and "
-                         f"axes in [0, {k}) (the coordinates), got positions in "
-                         f"[{int(positions.min())}, {int(positions.max())}] and axes in "
-                         f"[{int(axes.min())}, {int(axes.max())}]")
+        check_coordinates(positions, axes, cos.shape[0])  # raises: the loop found one
+        raise AssertionError("the compiled loop refused coordinates that are in range")
     return out
 
 

@@ -576,3 +576,59 @@ def test_item11_a_forced_backend_that_declines_refuses_under_torch_func(monkeypa
     y = x.float()
     batched = torch.func.vmap(lambda t: apply_rope(t, cos, sin))(y)
     close(batched, expected(y, range(5), 8, "interleaved"))
+
+
+def test_item15_no_write_into_an_inference_tensor_outside_inference_mode(forced):
+    """PyTorch refuses in-place updates to inference tensors outside inference mode; the C
+    loop (and Triton) wrote into them anyway. Every backend refuses, with the name of the
+    destination, and leaves it as it was; inside inference mode the write is made."""
+    cos, sin = generate_rope_embeddings(5, 16)
+    with torch.inference_mode():
+        x = torch.randn(2, 4, 5, 16)
+        k = torch.randn(2, 2, 5, 16)
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        x.mul_(1.0)  # PyTorch's own rule
+    source = x.clone()
+    with pytest.raises(ValueError, match=r"out is an inference tensor .*outside inference "
+                                         r"mode"):
+        apply_rope(x, cos, sin, out=x)
+    with pytest.raises(ValueError, match=r"q_out is an inference tensor"):
+        apply_rope_qk(x, k, cos, sin, inplace=True)
+    with pytest.raises(ValueError, match=r"out is an inference tensor"):
+        torch.ops.ropelib.rotate_out(torch.randn(2, 4, 5, 16), cos, sin, "half", 16, x)
+    assert torch.equal(x, source)
+    with torch.inference_mode():
+        apply_rope(x, cos, sin, out=x, layout="half")
+    close(x, expected(source, range(5), 16, "half"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_item15_a_coordinate_outside_the_table_in_a_direct_operator_call(forced, layout):
+    """A direct operator call with a coordinate outside the table gave NaN rows (Triton), a
+    ValueError (native) or an IndexError (eager). On the CPU every backend now refuses it
+    with one ValueError naming the range; the backends themselves (what runs on a GPU,
+    where nothing is read back) turn its rows to NaN and read nothing."""
+    from ropelib import eager, kernels
+
+    x = torch.randn(3, 2, 5, 16)
+    cos, sin = generate_rope_embeddings(40, 16)
+    positions = torch.randint(0, 40, (3, 5))
+    coordinates = positions[:, None, :, None].clone()
+    coordinates[1, 0, 2, 0] = 40
+    coordinates[2, 0, 0, 0] = -1
+    refusal = (r"positions must be in \[0, 40\) \(the table's rows\) and axes in \[0, 1\) "
+               r"\(the coordinates\), got positions in \[-1, 40\]")
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.ropelib.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    with pytest.raises(ValueError, match=refusal):
+        kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    out = torch.zeros_like(x)
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.ropelib.rotate_out(x, cos, sin, layout, 16, out, coordinates, None)
+    if forced == "eager":  # the eager backend's own behaviour, as the Triton kernel's
+        poisoned = eager.run([x], [None], cos, sin, layout, 16, False, coordinates, None)[0]
+        assert poisoned[1, :, 2].isnan().all() and poisoned[2, :, 0].isnan().all()
+        poisoned[1, :, 2] = poisoned[2, :, 0] = 0
+        want = expected(x, positions[:, None], 16, layout)
+        want[1, :, 2] = want[2, :, 0] = 0
+        close(poisoned, want)
