@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 import os
 from collections.abc import Sequence
 from types import ModuleType
@@ -43,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import check_rotation_operands
+from ._checks import check_coordinates, check_rotation_operands
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -210,6 +209,8 @@ def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
     check_out_memory(k, k_out, cos, sin, "k_out", "k")
     for name, a, other, b in (("q_out", q_out, "k", k), ("k_out", k_out, "q", q),
                               ("q_out", q_out, "k_out", k_out)):
+        if a.device.type == "meta":
+            break
         if _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b):
             raise ValueError(f"{name} shares memory with {other}; rotating q and k together "
                              "needs destinations apart from the other tensor")
@@ -252,7 +253,18 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
 def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
     """Checked on the real tensors (so also in a compiled graph): out may not overlap the
-    tables, nor share an element with x unless it is x itself."""
+    tables, nor share an element with x unless it is x itself. Meta tensors hold no memory
+    (every one reports address 0): nothing to check. An inference tensor (made under
+    ``torch.inference_mode()``) takes no write outside inference mode, as PyTorch's own
+    in-place operators refuse it."""
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) "
+                         "and this call is outside inference mode, where PyTorch refuses "
+                         "in-place updates to inference tensors; call it under "
+                         f"torch.inference_mode(), or pass a destination made outside it "
+                         f"(e.g. {x_name}.clone())")
+    if out.device.type == "meta":
+        return
     out_span = _byte_span(out)
     for table_name, table in (("cos", cos), ("sin", sin)):
         if _intersect(out_span, _byte_span(table)):
@@ -281,29 +293,47 @@ def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b (one dtype, intersecting spans) address a common element. Exact when
-    they have the same shape and strides (e.g. ``qkv[:, :8]`` and ``qkv[:, 8:]``, which
-    interleave in memory but share nothing); otherwise assumed."""
-    gap, size = abs(b.data_ptr() - a.data_ptr()), a.element_size()
-    if a.shape != b.shape or a.stride() != b.stride() or gap % size:
+    """Whether a and b (views of one buffer with intersecting spans) address a common
+    element, decided by the elements they touch: whether b's first element minus a's is
+    ``sum_d i_d stride_d - sum_e j_e stride_e`` for indices inside a's and b's sizes. Dims
+    of one stride merge into one coefficient (its range the sum of theirs), so q and k of
+    different head counts taken from one fused ``(batch, seq, heads, dim)`` buffer are
+    told apart exactly; a search too wide to finish counts as shared."""
+    size = a.element_size()
+    gap = b.data_ptr() - a.data_ptr()
+    if gap % size or b.element_size() != size:
         return True
-    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride(), strict=True)
-                   if n > 1 and st > 0), reverse=True)
-    return _reachable(gap // size, dims)
+    ranges: dict[int, tuple[int, int]] = {}
+    for t, sign in ((a, 1), (b, -1)):
+        for n, stride in zip(t.shape, t.stride(), strict=True):
+            if n > 1 and stride > 0:
+                low, high = ranges.get(stride, (0, 0))
+                ranges[stride] = (low, high + n - 1) if sign > 0 else (low - n + 1, high)
+    dims = sorted(((stride, low, high) for stride, (low, high) in ranges.items()),
+                  reverse=True)
+    return _reachable(gap // size, dims, [_SEARCH_BUDGET])
 
 
-def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
-    """Whether gap = sum_k j_k stride_k for integers |j_k| < n_k, dims = [(stride_k, n_k)] by
-    decreasing stride; undecided (a very wide search) counts as reachable."""
+_SEARCH_BUDGET = 4096  # coefficients tried before an undecided overlap counts as shared
+
+
+def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
+    """Whether gap = sum_k c_k stride_k for integers low_k <= c_k <= high_k, dims =
+    [(stride_k, low_k, high_k)] by decreasing stride; each coefficient is bounded by what
+    the smaller strides can still reach. ``budget[0]``: coefficients left to try; when they
+    run out the answer is True (undecided counts as reachable)."""
     if not dims:
         return gap == 0
-    (stride, n), rest = dims[0], dims[1:]
-    reach = sum((m - 1) * st for st, m in rest)
-    low = max(1 - n, math.ceil((gap - reach) / stride))
-    high = min(n - 1, math.floor((gap + reach) / stride))
-    if high - low > 64:
-        return True
-    return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
+    (stride, low, high), rest = dims[0], dims[1:]
+    rest_low = sum(lo * st for st, lo, _ in rest)
+    rest_high = sum(hi * st for st, _, hi in rest)
+    first = max(low, -((rest_high - gap) // stride))  # ceil((gap - rest_high) / stride)
+    last = min(high, (gap - rest_low) // stride)
+    for c in range(first, last + 1):
+        budget[0] -= 1
+        if budget[0] < 0 or _reachable(gap - c * stride, rest, budget):
+            return True
+    return False
 
 
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -323,6 +353,8 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     directly only for plain tensors in eager mode (``plain_call``); arguments as for
     ``ropelib::rotate``."""
     backend = backend_for(xs, outs, cos, sin, rotary_dim, positions)
+    if positions is not None and xs[0].device.type == "cpu" and backend is not native:
+        check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
 
 
@@ -335,11 +367,10 @@ def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
-        backend, reason = _backend(forced)
-        reason = reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+        reason = forced_refusal(xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
-        return backend
+        return _backend(forced)[0]
     for name in ORDER.get(xs[0].device.type, ()):
         backend, reason = _backend(name)
         if backend is not None and not backend.declines(xs, outs, cos, sin, rotary_dim,
@@ -363,26 +394,85 @@ def _backend(name: str) -> tuple[ModuleType | None, str | None]:
 class BackendStatus(NamedTuple):
     """Which backend ``apply_rope`` takes on a device for a usual call and why."""
 
-    backend: str  # "native", "triton" or "eager"
+    backend: str | None  # "native", "triton" or "eager"; None: every such call raises
     reason: str
 
 
-def backend_status(device: str | torch.device = "cpu") -> BackendStatus:
-    """The backend a contiguous float32 call on ``device`` takes (honouring
-    ``ROPELIB_BACKEND``), e.g. ``BackendStatus(backend='triton', reason='the Triton kernel,
-    one launch per call')``; what the others said when they declined."""
+def backend_status(device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> BackendStatus:
+    """What the next call of ``apply_rope`` with a contiguous ``dtype`` tensor on ``device``
+    does, honouring ``ROPELIB_BACKEND`` (read now, as every call reads it), e.g.
+    ``BackendStatus(backend='triton', reason='the first of triton, eager that takes the
+    call')``: the backend that runs it and what the others said when they declined, or
+    ``backend=None`` with the reason every such call raises (an unknown ``ROPELIB_BACKEND``,
+    a forced backend that declines, a device this PyTorch cannot use). Under ``torch.func``
+    transforms the rotation runs as PyTorch operations whatever the backend, and a forced
+    backend that declines the call raises there too."""
     device = torch.device(device)
-    x = torch.empty(1, 1, 2, 8, device=device)
-    cos = torch.empty(2, 4, device=device)
     forced = os.environ.get("ROPELIB_BACKEND")
-    names = (forced,) if forced else ORDER.get(device.type, ("eager",))
+    if forced and forced not in BACKENDS:
+        return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
+                                   "every call raises ValueError")
+    try:
+        probe = _probe(device, dtype)
+    except (RuntimeError, AssertionError) as error:  # no such device in this build or machine
+        return BackendStatus(None, f"no tensor can be made on {device} here: every call "
+                                   f"raises ({type(error).__name__}: {error})")
+    if forced:
+        reason = forced_refusal(*probe)
+        if reason:
+            return BackendStatus(None, f"ROPELIB_BACKEND={forced} forces a backend that "
+                                       f"declines this call ({reason}): every such call "
+                                       "raises ValueError")
+        return BackendStatus(forced, "forced by ROPELIB_BACKEND")
+    names = ORDER.get(device.type, ("eager",))
     declined = []
     for name in names:
-        backend, reason = _backend(name) if name in BACKENDS else (None, "unknown backend")
-        reason = reason or backend.declines([x], [None], cos, cos, 8, None)
+        backend, reason = _backend(name)
+        reason = reason or backend.declines(*probe)
         if not reason:
-            how = "forced by ROPELIB_BACKEND" if forced else "the first of " + ", ".join(names)
-            return BackendStatus(name, f"{how} that takes the call"
+            return BackendStatus(name, f"the first of {', '.join(names)} that takes the call"
                                  + "".join(f"; {d}" for d in declined))
         declined.append(f"{name} declined: {reason}")
     return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
+    """``declines``' arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on ``device``
+    with float32 rows: what a backend is asked about a usual call."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False"
+                           + (" (this PyTorch is built without CUDA)"
+                              if torch.version.cuda is None else ""))
+    x = torch.empty(1, 1, 2, 8, device=device, dtype=dtype)
+    cos = torch.empty(2, 4, device=device)
+    return [x], [None], cos, cos, 8, None
+
+
+def forced_refusal(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+                   positions: torch.Tensor | None = None) -> str | None:
+    """Why the backend ``ROPELIB_BACKEND`` forces cannot take this call (None: it takes it,
+    or nothing is forced); ``declines``' arguments."""
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if not forced:
+        return None
+    if forced not in BACKENDS:
+        return f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
+    backend, reason = _backend(forced)
+    return reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+
+
+def check_forced_under_transform(x: torch.Tensor) -> None:
+    """Under a ``torch.func`` transform the rotation runs as PyTorch operations whatever
+    the backend (the kernels take plain tensors only); a forced backend that would decline
+    the call (x's dtype on x's device, contiguous) raises as the call without the transform
+    does, so a forced backend is never passed over in silence."""
+    if not os.environ.get("ROPELIB_BACKEND"):
+        return
+    reason = forced_refusal(*_probe(x.device, x.dtype))
+    if reason:
+        raise ValueError(f"ROPELIB_BACKEND={os.environ['ROPELIB_BACKEND']} cannot rotate this "
+                         f"call: {reason} (under a torch.func transform the rotation runs as "
+                         "PyTorch operations, but a forced backend that declines the call "
+                         "refuses it there too)")
