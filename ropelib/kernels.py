@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 import os
 from collections.abc import Sequence
 from types import ModuleType
@@ -210,6 +209,8 @@ def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
     check_out_memory(k, k_out, cos, sin, "k_out", "k")
     for name, a, other, b in (("q_out", q_out, "k", k), ("k_out", k_out, "q", q),
                               ("q_out", q_out, "k_out", k_out)):
+        if a.device.type == "meta":
+            break
         if _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b):
             raise ValueError(f"{name} shares memory with {other}; rotating q and k together "
                              "needs destinations apart from the other tensor")
@@ -252,7 +253,10 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
 def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
     """Checked on the real tensors (so also in a compiled graph): out may not overlap the
-    tables, nor share an element with x unless it is x itself."""
+    tables, nor share an element with x unless it is x itself. Meta tensors hold no memory
+    (every one reports address 0): nothing to check."""
+    if out.device.type == "meta":
+        return
     out_span = _byte_span(out)
     for table_name, table in (("cos", cos), ("sin", sin)):
         if _intersect(out_span, _byte_span(table)):
@@ -281,29 +285,47 @@ def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b (one dtype, intersecting spans) address a common element. Exact when
-    they have the same shape and strides (e.g. ``qkv[:, :8]`` and ``qkv[:, 8:]``, which
-    interleave in memory but share nothing); otherwise assumed."""
-    gap, size = abs(b.data_ptr() - a.data_ptr()), a.element_size()
-    if a.shape != b.shape or a.stride() != b.stride() or gap % size:
+    """Whether a and b (views of one buffer with intersecting spans) address a common
+    element, decided by the elements they touch: whether b's first element minus a's is
+    ``sum_d i_d stride_d - sum_e j_e stride_e`` for indices inside a's and b's sizes. Dims
+    of one stride merge into one coefficient (its range the sum of theirs), so q and k of
+    different head counts taken from one fused ``(batch, seq, heads, dim)`` buffer are
+    told apart exactly; a search too wide to finish counts as shared."""
+    size = a.element_size()
+    gap = b.data_ptr() - a.data_ptr()
+    if gap % size or b.element_size() != size:
         return True
-    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride(), strict=True)
-                   if n > 1 and st > 0), reverse=True)
-    return _reachable(gap // size, dims)
+    ranges: dict[int, tuple[int, int]] = {}
+    for t, sign in ((a, 1), (b, -1)):
+        for n, stride in zip(t.shape, t.stride(), strict=True):
+            if n > 1 and stride > 0:
+                low, high = ranges.get(stride, (0, 0))
+                ranges[stride] = (low, high + n - 1) if sign > 0 else (low - n + 1, high)
+    dims = sorted(((stride, low, high) for stride, (low, high) in ranges.items()),
+                  reverse=True)
+    return _reachable(gap // size, dims, [_SEARCH_BUDGET])
 
 
-def _reachable(gap: int, dims: list[tuple[int, int]]) -> bool:
-    """Whether gap = sum_k j_k stride_k for integers |j_k| < n_k, dims = [(stride_k, n_k)] by
-    decreasing stride; undecided (a very wide search) counts as reachable."""
+_SEARCH_BUDGET = 4096  # coefficients tried before an undecided overlap counts as shared
+
+
+def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
+    """Whether gap = sum_k c_k stride_k for integers low_k <= c_k <= high_k, dims =
+    [(stride_k, low_k, high_k)] by decreasing stride; each coefficient is bounded by what
+    the smaller strides can still reach. ``budget[0]``: coefficients left to try; when they
+    run out the answer is True (undecided counts as reachable)."""
     if not dims:
         return gap == 0
-    (stride, n), rest = dims[0], dims[1:]
-    reach = sum((m - 1) * st for st, m in rest)
-    low = max(1 - n, math.ceil((gap - reach) / stride))
-    high = min(n - 1, math.floor((gap + reach) / stride))
-    if high - low > 64:
-        return True
-    return any(_reachable(gap - j * stride, rest) for j in range(low, high + 1))
+    (stride, low, high), rest = dims[0], dims[1:]
+    rest_low = sum(lo * st for st, lo, _ in rest)
+    rest_high = sum(hi * st for st, _, hi in rest)
+    first = max(low, -((rest_high - gap) // stride))  # ceil((gap - rest_high) / stride)
+    last = min(high, (gap - rest_low) // stride)
+    for c in range(first, last + 1):
+        budget[0] -= 1
+        if budget[0] < 0 or _reachable(gap - c * stride, rest, budget):
+            return True
+    return False
 
 
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

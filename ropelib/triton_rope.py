@@ -446,39 +446,64 @@ def _plan(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | Non
     strides for cos then sin, the positions' (b, s, k) strides), or None when they cannot be
     merged so. The rows (or positions) may vary along the batch dim; along the heads dim they
     are shared (a stride of 0), except for given rows with a heads dim of their own (then read
-    per head, for one x only). Each argument is (shape, strides)."""
+    per head, for one x only). Each argument is (shape, strides).
+
+    The leading dims are cut once into outer dims (the batch) and inner dims (the heads),
+    the same cut for q and k (they differ only in their heads dim), and each tensor's groups
+    are merged on their own strides: q contiguous and k a ``(batch, seq, heads, dim)`` view
+    both become (batch, heads). The first cut that works is taken, with rows shared by the
+    heads before rows read per head, and then the most dims among the heads."""
     shape = xs[0][0]
     lead = len(shape) - 2
     source = cos if positions is None else positions
     row_strides = [_broadcast_stride(source, len(shape), d) for d in range(lead)]
     sin_strides = row_strides if positions is not None else [
         _broadcast_stride(sin, len(shape), d) for d in range(lead)]
-    operands, base = [], None
-    for k, ((x_shape, x_stride), (_, o_stride)) in enumerate(zip(xs, outs, strict=True)):
-        merged = _merge([(x_shape[d], x_stride[d], o_stride[d], row_strides[d], sin_strides[d])
-                         for d in range(lead)])
-        if merged is None:
-            return None
-        one = (1, 0, 0, 0, 0)
-        if len(merged) == 2:
-            b_dim, h_dim = merged
-        elif len(merged) == 1 and not (merged[0][3] or merged[0][4]):
-            b_dim, h_dim = one, merged[0]
+    per_head_rows = (False,) if positions is not None or len(xs) > 1 else (False, True)
+    for rows_per_head in per_head_rows:
+        for cut in range(lead + 1):
+            plan = _cut(xs, outs, row_strides, sin_strides, cut, rows_per_head)
+            if plan is not None:
+                break
         else:
-            b_dim, h_dim = (merged[0] if merged else one), one
-        if k and (b_dim[0] != base[0] or b_dim[3:] != base[3:] or h_dim[3] or h_dim[4]):
+            continue
+        break
+    else:
+        return None
+    batch_dim, operands, heads_rows = plan
+    if positions is None:
+        tables = (batch_dim[3], heads_rows[0], _row_stride(cos), cos[1][-1],
+                  batch_dim[4], heads_rows[1], _row_stride(sin), sin[1][-1])
+        return batch_dim[0], operands, tables, (0, 0, 0)
+    tables = (0, 0, cos[1][0], cos[1][1], 0, 0, sin[1][0], sin[1][1])
+    return batch_dim[0], operands, tables, (batch_dim[3], _row_stride(positions),
+                                            positions[1][-1])
+
+
+def _cut(xs: tuple, outs: tuple, row_strides: list[int], sin_strides: list[int], cut: int,
+         rows_per_head: bool) -> tuple | None:
+    """``_plan`` with the leading dims ``[:cut]`` as the batch and ``[cut:]`` as the heads:
+    (the batch dim (size, then strides of x, out, cos, sin), per x (heads, x's strides, the
+    destination's), the rows' strides along the heads), or None where a group does not merge
+    into one dim, q and k differ in their batch, or the rows vary along the heads (allowed
+    with ``rows_per_head``, for one x)."""
+    one = (1, 0, 0, 0, 0)
+    base, operands = None, []
+    for (x_shape, x_stride), (_, o_stride) in zip(xs, outs, strict=True):
+        dims = [(x_shape[d], x_stride[d], o_stride[d], row_strides[d], sin_strides[d])
+                for d in range(len(x_shape) - 2)]
+        outer, inner = _merge(dims[:cut]), _merge(dims[cut:])
+        if outer is None or inner is None or len(outer) > 1 or len(inner) > 1:
+            return None
+        b_dim, h_dim = (outer or [one])[0], (inner or [one])[0]
+        if (h_dim[3] or h_dim[4]) and not rows_per_head:
+            return None
+        if base is not None and (b_dim[0] != base[0] or b_dim[3:] != base[3:]):
             return None  # q and k must share the batch dim and the rows
-        base, heads_rows = base or b_dim, (h_dim[3], h_dim[4])
+        base = base or b_dim
         operands.append((h_dim[0], (b_dim[1], h_dim[1], x_stride[-2]),
                          (b_dim[2], h_dim[2], o_stride[-2])))
-    if positions is None:
-        tables = (base[3], heads_rows[0], _row_stride(cos), cos[1][-1],
-                  base[4], heads_rows[1], _row_stride(sin), sin[1][-1])
-        return base[0], operands, tables, (0, 0, 0)
-    if heads_rows[0]:
-        return None
-    tables = (0, 0, cos[1][0], cos[1][1], 0, 0, sin[1][0], sin[1][1])
-    return base[0], operands, tables, (base[3], _row_stride(positions), positions[1][-1])
+    return base, operands, (h_dim[3], h_dim[4])
 
 
 def _broadcast_stride(t: tuple, ndim: int, d: int) -> int:
