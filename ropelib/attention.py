@@ -20,7 +20,7 @@ from ._checks import (
 )
 from .masks import prepare_mask
 from .multiaxis import hf_positions_hint
-from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk
+from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk, apply_rope_qk_to_cache
 from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
 
@@ -269,6 +269,21 @@ class KVCache:
                                  f"{new.device}) do not fit the buffers {tuple(buffer.shape)} "
                                  f"({buffer.dtype}, {buffer.device})")
             buffer.index_copy_(2, slots, new)
+        return self._key_buffer, self._value_buffer
+
+    def _step_buffers(self, key: torch.Tensor, value: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffers a ``write`` of these keys and values writes into in place, made at the
+        first call as ``write`` makes them (by a write of no slot), for a step that writes
+        them itself (``apply_rope_qk_to_cache``); None where ``write`` would not write in
+        place: while autograd records, or for buffers made in inference mode outside it."""
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            return None
+        if self._key_buffer is None:
+            self.write(key[..., :0, :], value[..., :0, :],
+                       torch.empty(0, dtype=torch.int64, device=key.device))
+        if not self._written or not self._writable(self.capacity):
+            return None
         return self._key_buffer, self._value_buffer
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
@@ -661,13 +676,18 @@ class StandardAttentionWithRoPE(nn.Module):
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
         n = q.shape[-2]
         slots = cache_position.reshape(()).to(q.device) + torch.arange(n, device=q.device)
-        if positions is None:  # one coordinate each for one-axis frequencies (k = 1)
-            one_axis = rope_embeddings is None and self.rotary is not None and (
-                self.rotary.frequencies is not None)
-            positions = slots[:, None] if one_axis else slots
-        positions = check_int_tensor("positions", positions)
-        q, k = self._rotate(q, k, rope_embeddings, positions, positions, 0, n)
-        k, v = kv_cache.write(k, v, slots)
+        fused = self._rotate_into_cache(q, k, v, rope_embeddings, positions, kv_cache,
+                                        cache_position)
+        if fused is not None:
+            q, k, v = fused
+        else:
+            if positions is None:  # one coordinate each for one-axis frequencies (k = 1)
+                one_axis = rope_embeddings is None and self.rotary is not None and (
+                    self.rotary.frequencies is not None)
+                positions = slots[:, None] if one_axis else slots
+            positions = check_int_tensor("positions", positions)
+            q, k = self._rotate(q, k, rope_embeddings, positions, positions, 0, n)
+            k, v = kv_cache.write(k, v, slots)
         visible = torch.arange(k.shape[-2], device=q.device) <= slots[:, None]  # (n, capacity)
         if attn_mask is None:
             mask = visible
@@ -678,6 +698,41 @@ class StandardAttentionWithRoPE(nn.Module):
         else:
             mask = attn_mask.masked_fill(~visible, float("-inf"))
         return self._attend(q, k, v, mask, False, return_attn)
+
+    def _rotate_into_cache(self, q, k, v, rope_embeddings, positions, kv_cache,
+                           cache_position):
+        """A ``cache_position`` step's rotation and cache write in one pass
+        (``apply_rope_qk_to_cache``: on a GPU one launch, which rotates k straight into its
+        slots): ``(q rotated, key buffer, value buffer)``, or None where the step takes the
+        rotation then ``KVCache.write`` (under a compiler or autograd, without RoPE, for
+        multi-axis frequencies). The rows: the module's tables, which cover the cache's
+        capacity, read at the slots; for given positions, gathered from tables grown to
+        them on the CPU, computed on the device elsewhere (``RotaryEmbedding.traced_rows``:
+        any position, nothing read back)."""
+        own = rope_embeddings is None
+        if tracing() or (own and (self.rotary is None or self.rotary.frequencies is not None)):
+            return None
+        buffers = kv_cache._step_buffers(k, v)
+        if buffers is None:
+            return None
+        if positions is not None:
+            positions = check_int_tensor("positions", positions)
+        if not own:
+            cos, sin = rope_embeddings
+        elif positions is None:
+            cos, sin = self.rotary.tables(buffers[0].shape[-2], q.device)
+        elif q.device.type == "cpu":
+            self._refuse_negative(positions, positions)
+            cos, sin = self.rotary.tables(int(positions.max()) + 1 if positions.numel() else 0,
+                                          q.device)
+        else:
+            cos, sin = self.rotary.traced_rows(traced_nonnegative(positions.to(q.device)), None)
+            cos, sin = (t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin))
+            positions = None
+        q = apply_rope_qk_to_cache(q, k, v, cos, sin, *buffers, cache_position,
+                                   layout=self.layout, positions=positions,
+                                   rotary_dim=self.rotary_dim, short_table=self.short_table)
+        return (q, *buffers)
 
     def _attend(self, q, k, v, attn_mask, is_causal: bool, return_attn: bool):
         """Attention of rotated q ``(B, H, Nq, d)`` over k, v ``(B, kv_heads, Nk, d)``, merged
