@@ -235,10 +235,10 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     ``(..., kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor; rows or
     positions as for ``rotate_qk`` (shared by q and k). Eager, where the Triton kernel takes
     the call (a GPU, or ``ROPELIB_BACKEND=triton``), it is one launch that reads the slot on
-    the device and asserts its range there; on the CPU the slot is read and checked first
-    (a ValueError), then k is rotated straight into its slots (one pass) and v copied; under
-    a compiler or autograd the rotation is followed by ``index_copy_`` into the caches.
-    Nothing is written when a check on the host fails.
+    the device and asserts its range there; on the CPU the slot is read (checked first
+    by ``ropelib.rotation.apply_rope_qk_to_cache``), then k is rotated straight into its
+    slots (one pass) and v copied; under a compiler or autograd the rotation is followed by
+    ``index_copy_`` into the caches.
     """
     n, capacity = q.shape[-2], key_cache.shape[-2]
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, *_given(positions)):
@@ -250,12 +250,8 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
             torch.autograd.graph.increment_version((key_cache, value_cache))
             return q_rot
     positions = settle(q, cos, positions, None, pending)
-    if slot.device.type == "cpu" and not tracing():
+    if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
         start = int(slot)
-        if not 0 <= start <= capacity - n:
-            raise ValueError(f"cache_position {start} + {n} new tokens must fit the KV cache's "
-                             f"capacity of {capacity} slots (cache_position in [0, "
-                             f"{capacity - n}])")
         q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
         rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
                       key_cache[..., start:start + n, :], positions)

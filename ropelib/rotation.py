@@ -232,11 +232,13 @@ def apply_rope_qk_to_cache(
         raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), got "
                          f"shape {tuple(slot.shape)}")
     slot = slot.reshape(())
-    offset = 0
-    if positions is None and cos.ndim == 2:  # the slots are the positions
-        offset = slot if tracing() or _on_device(slot) else int(slot)
-        if isinstance(offset, int) and offset < 0:
-            raise ValueError(f"cache_position must be >= 0, got {offset}")
+    start = slot  # read here where it lives on the host, else checked on the device
+    if not (tracing() or _on_device(slot)):
+        start, n, capacity = int(slot), k.shape[-2], key_cache.shape[-2]
+        if not 0 <= start <= capacity - n:
+            raise ValueError(f"cache_position {start} and {n} new tokens must fit the KV "
+                             f"cache's {capacity} slots: cache_position in [0, {capacity - n}]")
+    offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
     cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
                                               None)
     return kernels.rotate_qk_cache(q, k, v, cos, sin, layout, rd, key_cache, value_cache, slot,
