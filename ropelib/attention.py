@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._checks import (
     as_int,
@@ -467,6 +468,8 @@ class StandardAttentionWithRoPE(nn.Module):
         elif self.rotary.frequencies is not None and (positions is not None
                                                       or key_positions is not None):
             return self._rotate_axes(q, k, positions, key_positions, offset)
+        elif self._tables_cover(positions, key_positions, end, q):
+            cos, sin = self.rotary.cos_cached, self.rotary.sin_cached  # a slice of them, below
         elif tracing() or (q.device.type != "cpu" and not self.rotary.dynamic and (
                 positions is not None or key_positions is not None)):
             # no host read of the positions: under a compiler, and on a GPU (no wait for it,
@@ -487,6 +490,19 @@ class StandardAttentionWithRoPE(nn.Module):
         k = apply_rope(k, cos, sin, positions=key_positions,
                        offset=offset if key_positions is None else 0, **kw)
         return q, k
+
+    def _tables_cover(self, positions, key_positions, end, q) -> bool:
+        """Whether a graph of ``torch.compile`` or ``torch.export`` may slice the module's
+        cached tables for the positions ``offset .. end - 1`` (none given): fixed
+        frequencies, and tables on q's device known at trace time to cover ``end`` (no
+        guard is added on a symbolic length; ``torch.jit.trace``, which records no guard,
+        computes its rows). The rows are then a view of the tables instead of an arange,
+        float64 angles, cos, sin and a cast in the graph at every call."""
+        if not torch.compiler.is_compiling() or positions is not None or (
+                key_positions is not None or self.rotary.dynamic):
+            return False
+        cached = self.rotary.cos_cached
+        return cached.device == q.device and statically_known_true(end <= cached.shape[0])
 
     def _rotate_traced(self, q, k, positions, key_positions, offset, end):
         """``_rotate`` without reading the positions on the host (under a compiler or

@@ -219,3 +219,28 @@ def test_the_kernel_names_what_is_out_of_range(assertions_on, call, message):
     cos, sin = generate_rope_embeddings(12, 16)
     with pytest.raises(interpreter.InterpreterError, match=message):
         call(torch.randn(2, 4, 5, 16), cos, sin)
+
+
+def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
+    """torch.compile of the attention module without positions (a prefill, item 3): the
+    graph holds the rotation operator on a slice of the module's tables, and no arange, no
+    float64 angles, cos or sin (which the graph computed at every call before, while the
+    eager module sliced the same tables); its output equals the eager module's."""
+    from ropelib import StandardAttentionWithRoPE
+
+    module = StandardAttentionWithRoPE(64, 4, num_kv_heads=2, bias=False, layout="half").eval()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(1, 32, 64)
+    with torch.no_grad():
+        compiled = torch.compile(module, backend=capture, fullgraph=True)(x, x, x,
+                                                                          is_causal=True)
+        torch.testing.assert_close(compiled, module(x, x, x, is_causal=True))
+    code = graphs[0].code
+    assert code.count("torch.ops.ropelib.rotate_qk.default") == 1
+    for computed in ("arange", "torch.cos", "torch.sin", "float64"):
+        assert computed not in code, computed
