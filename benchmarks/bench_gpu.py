@@ -4,6 +4,8 @@
     python benchmarks/bench_gpu.py --only decode,module_decode
     python benchmarks/bench_gpu.py --dry-run           # on the CPU: every table's code runs
                                                        # once at tiny shapes (no timing)
+    python benchmarks/bench_gpu.py --only host         # any machine: the host's time per
+                                                       # call, launches stubbed
 
 Every time is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed between
 runs) and every ratio is to a baseline timed in the same process: ``copy_`` of the same bytes
@@ -608,6 +610,57 @@ def fused_api_table() -> None:
                    "apply_rope_qk, then index_copy_ x2": unfused})
 
 
+def host_table() -> None:
+    """The host's time per call, launches stubbed: ropelib's Python on the route of CUDA
+    tensors (taken here by CPU tensors: values not read, the Triton backend, the launch
+    replaced by a no-op). Needs no GPU; the decode shapes of decode_table, and (B, H, S, D)
+    and (B, S, H, D) calls at a small shape. (The Hugging Face formula's cost per call on a
+    GPU is its launches: decode_table's wall time.)"""
+    from unittest import mock
+
+    from ropelib import rotation
+
+    hq, hk, d = *QK_HEADS, SHAPE[3]
+    q, k = torch.randn(DECODE_ROWS, hq, 1, d), torch.randn(DECODE_ROWS, hk, 1, d)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    positions = torch.randint(0, 8192, (DECODE_ROWS, 1))
+    cos, sin = generate_rope_embeddings(8192, d)
+    x = torch.randn(2, 8, 64, d)
+    xs = torch.randn(2, 64, 8, d).transpose(1, 2)
+    buffers = {id(t): torch.empty_like(t) for t in (x, xs)}
+    axes = axis_of_pairs(d, [d // 8, 3 * d // 16, 3 * d // 16])
+    mrope = torch.randint(0, 8192, (DECODE_ROWS, 1, 3))
+    cases = {
+        "apply_rope_qk positions out= (decode)": lambda: apply_rope_qk(
+            q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out)),
+        "apply_rope_qk 0-d offset (decode)": lambda: apply_rope_qk(
+            q, k, cos, sin, layout="half", offset=torch.tensor(3), out=(q_out, k_out)),
+        "apply_rope_qk M-RoPE (decode)": lambda: apply_rope_qk(
+            q, k, cos, sin, layout="half", positions=mrope, axes=axes, out=(q_out, k_out)),
+        "apply_rope (B, H, S, D) out=": lambda: apply_rope(
+            x, cos[:64], sin[:64], layout="half", out=buffers[id(x)]),
+        "apply_rope (B, S, H, D) view out=": lambda: apply_rope(
+            xs, cos[:64], sin[:64], layout="half", out=buffers[id(xs)]),
+        "apply_rope (B, S, H, D) view in place": lambda: apply_rope(
+            xs, cos[:64], sin[:64], layout="half", out=xs),
+    }
+    print("\nhost time per call, launch stubbed (CPU: " + (
+        "dry run" if DRY_RUN else "the machine's") + ")")
+    with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
+            mock.patch.object(rotation, "_on_device", lambda t: True), \
+            mock.patch.object(triton_rope, "_launch", lambda *args: None):
+        for name, fn in cases.items():
+            samples = []
+            for _ in range(1 if DRY_RUN else 7):
+                fn()
+                start = time.perf_counter()
+                for _ in range(1 if DRY_RUN else 2000):
+                    fn()
+                samples.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000) * 1e6)
+            shown = "ran" if DRY_RUN else f"{statistics.median(samples):8.1f} us"
+            print(f"  {name:<44}{shown}")
+
+
 def sweep() -> None:
     """The kernel's tile shapes at the single-tensor shape: tokens per program, heads per
     program and warps, for both layouts and dtypes (ratios to copy_ in the same run)."""
@@ -648,7 +701,8 @@ TABLES = {
     "fp32": functools.partial(single_tensor_tables, torch.float32),
     "qk": functools.partial(qk_table, torch.bfloat16), "mrope": mrope_table,
     "backward": backward_table, "decode": decode_table, "fused": fused_api_table,
-    "module_decode": module_decode_table, "attention": attention_table, "sweep": sweep,
+    "module_decode": module_decode_table, "attention": attention_table, "host": host_table,
+    "sweep": sweep,
 }
 
 
@@ -664,6 +718,7 @@ def dry_run_settings() -> None:
 
 
 def main() -> int:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's tiles")
     parser.add_argument("--only", help=f"comma-separated tables of {', '.join(TABLES)}")
@@ -673,13 +728,15 @@ def main() -> int:
     if args.dry_run:
         dry_run_settings()
     elif not torch.cuda.is_available():
-        raise SystemExit("bench_gpu.py needs a CUDA GPU (or --dry-run)")
+        DEVICE = "cpu"  # the host table only
+    elif not torch.cuda.is_available() and args.only != "host":
+        raise SystemExit("bench_gpu.py needs a CUDA GPU (or --dry-run, or --only host)")
     names = args.only.split(",") if args.only else [n for n in TABLES if n != "sweep"] + (
         ["sweep"] if args.sweep else [])
     unknown = set(names) - set(TABLES)
     if unknown:
         raise SystemExit(f"unknown tables {sorted(unknown)}; choose from {list(TABLES)}")
-    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (dry run)"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"{device}, torch {torch.__version__}, triton {triton.__version__}; ropelib on "
           f"{DEVICE}: {backend_status(DEVICE)}")
     print(f"flash-attn rotary: {'yes' if FLASH_ROTARY else 'not installed'}; Liger: "

@@ -243,26 +243,39 @@ class _Operand(NamedTuple):
 
 def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
-    """None when the kernel takes the call, else why not (a sentence)."""
+    """None when the kernel takes the call, else why not (a sentence); worked out once per
+    shapes, strides and dtypes (``_verdict``)."""
     x = xs[0]
     if not (x.is_cuda or x.is_cpu):
         return f"Triton runs on CUDA tensors (and on the CPU in its interpreter), got {x.device}"
-    for t in (*xs, *(o for o in outs if o is not None)):
-        if t.dtype not in DTYPES:
-            return f"the kernel takes {', '.join(map(str, DTYPES))}, got {t.dtype}"
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
+    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None))):
+        return "x and out must not be lazily negated or conjugated views"
+    return _verdict(tuple(_meta(t) for t in xs),
+                    tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
+                    _meta(sin), None if positions is None else _meta(positions))
+
+
+@functools.lru_cache(maxsize=512)
+def _verdict(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
+             ) -> str | None:
+    """``declines`` for tensors of these (shape, strides, dtype)."""
+    shape, dtype = xs[0][0], xs[0][2]
+    for t_shape, t_strides, t_dtype in (*xs, *(o for o in outs if o is not None)):
+        if t_dtype not in DTYPES:
+            return f"the kernel takes {', '.join(map(str, DTYPES))}, got {t_dtype}"
+        if t_shape[-1] > 1 and t_strides[-1] != 1:
             return "the channels of x and out must be contiguous (stride 1)"
-        if t.is_neg() or t.is_conj():
-            return "x and out must not be lazily negated or conjugated views"
-    if any(t.dtype != x.dtype for t in (*xs, *(o for o in outs if o is not None))):
-        return "q, k and their destinations must have one dtype"
-    leading = _leading(xs, outs, cos, sin, positions)
+        if t_dtype != dtype:
+            return "q, k and their destinations must have one dtype"
+    leading = _plan(tuple(m[:2] for m in xs), tuple(
+        (x if o is None else o)[:2] for x, o in zip(xs, outs, strict=True)), cos[:2], sin[:2],
+        None if positions is None else positions[:2])
     if leading is None:
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
                 "(rows vary) and a heads dim (rows shared)")
     if leading[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {leading[0]}"
-    if any(t.shape[:-3] != x.shape[:-3] or t.shape[-2:] != x.shape[-2:] for t in xs[1:]):
+    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
         return "q and k must have the same shape but for the heads dim (-3)"
     return None
 
@@ -425,18 +438,6 @@ def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -
 
 def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
-def _leading(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-             sin: torch.Tensor, positions: torch.Tensor | None):
-    """``_plan`` of these tensors' shapes and strides (plain integers, kept for the shapes
-    seen recently: working it out costs more Python than the launch)."""
-    def meta(t: torch.Tensor | None) -> tuple | None:
-        return None if t is None else (tuple(t.shape), t.stride())
-
-    return _plan(tuple(meta(x) for x in xs), tuple(meta(o if o is not None else x)
-                                                    for x, o in zip(xs, outs, strict=True)),
-                 meta(cos), meta(sin), meta(positions))
 
 
 @functools.lru_cache(maxsize=256)
