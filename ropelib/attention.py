@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -21,7 +22,13 @@ from ._checks import (
 )
 from .masks import prepare_mask
 from .multiaxis import hf_positions_hint
-from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk, apply_rope_qk_to_cache
+from .rotation import (
+    SHORT_TABLE_MODES,
+    apply_rope,
+    apply_rope_qk,
+    apply_rope_qk_to_cache,
+    check_offset,
+)
 from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
 
@@ -30,7 +37,9 @@ class KVCache:
     """Keys and values of the tokens seen so far, each ``(batch, kv_heads, length, head_dim)``.
 
     Pass one instance to successive ``forward`` calls of one layer; each call appends its new
-    keys and values and attends over all of them. The next token's position (``offset``)
+    keys and values and attends over all of them. The cache remembers the module that first
+    wrote it and refuses another (two layers sharing a cache would mix their keys); ``reset``
+    frees it for any module. The next token's position (``offset``)
     defaults to ``length``.
 
     ``StandardAttentionWithRoPE`` caches its keys rotated, except when its rope type's
@@ -83,6 +92,28 @@ class KVCache:
         self._length = 0
         self._next_position: torch.Tensor | None = None
         self._written = False  # filled by write() (slots given on the device)
+        self._owner: weakref.ref | None = None  # the module whose keys this cache holds
+
+    def __getstate__(self) -> dict:
+        """A copy (pickle, deepcopy) belongs to no module until one writes it."""
+        return {**self.__dict__, "_owner": None}
+
+    def _claim(self, module: nn.Module) -> None:
+        """Records the module that first writes this cache and refuses any other: a cache
+        holds one layer's keys and values, and a second layer's would be appended to them
+        (or written over them) without a word. Eager only (a compiled graph does not
+        trace this bookkeeping)."""
+        if tracing():
+            return
+        owner = None if self._owner is None else self._owner()
+        if owner is None:
+            self._owner = weakref.ref(module)
+        elif owner is not module:
+            raise ValueError(f"this KVCache holds the keys of another layer (a "
+                             f"{type(owner).__name__} at {id(owner):#x}, not this "
+                             f"{type(module).__name__} at {id(module):#x}); give every layer "
+                             "its own cache, e.g. caches = [KVCache() for _ in layers], or "
+                             "call reset() to start over")
 
     @property
     def next_position(self) -> torch.Tensor | None:
@@ -244,31 +275,65 @@ class KVCache:
     def write(self, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``(batch, kv_heads, new, head_dim)`` keys and values at the cache slots
-        ``slots`` ``(new,)`` (an integer tensor on their device) of buffers of the reserved
-        capacity; return the whole buffers, ``(batch, kv_heads, capacity, head_dim)`` each.
+        ``slots`` ``(new,)`` (a tensor of any integer dtype, on their device) of buffers of
+        the reserved capacity; return the whole buffers, ``(batch, kv_heads, capacity,
+        head_dim)`` each.
 
         Nothing here depends on a number the host reads per step, so a decode step that
         writes this way can be captured once in a CUDA graph and replayed (see
         ``StandardAttentionWithRoPE.forward``'s ``cache_position``). The buffers start at
         zero; slots not written yet are hidden by the caller's mask. A cache takes either
-        ``update`` or ``write``, not both; ``length`` stays 0 (the slots are the caller's)."""
+        ``update`` or ``write``, not both; ``length`` stays 0 (the slots are the caller's).
+
+        A slot outside ``[0, capacity)`` is refused before anything is written: a ValueError
+        on the CPU, a device-side assertion on a GPU (nothing read back). Buffers made under
+        ``torch.inference_mode()`` are copied once into ordinary tensors when a write comes
+        outside it (as ``update`` does). While autograd records (keys or values that
+        require grad, with grad enabled) the write makes new buffers (``index_copy``, a
+        copy of the cache per step) instead of writing into the ones an earlier step's
+        backward still reads, so a backward through several steps is right."""
+        slots = check_int_tensor("slots", slots)
+        if slots.ndim != 1 or not isinstance(key, torch.Tensor) or key.ndim != 4 or (
+                slots.shape[0] != key.shape[-2]):
+            new = key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim == 4 else "new"
+            raise ValueError(f"slots must have shape (new,) = ({new},), one per new key, got "
+                             f"{tuple(slots.shape)}")
+        _check_slots(slots, self._slot_capacity())
+        return self._write(key, value, slots)
+
+    def _slot_capacity(self) -> int:
+        """The capacity ``write`` fills; refuses a cache without one, or filled by update."""
+        if self._key_buffer is None and not self._reserve:
+            raise ValueError("write needs buffers of a reserved size: make the cache "
+                             "with KVCache(capacity=N), N the longest sequence")
+        if self._key_buffer is not None and not self._written:
+            raise ValueError("this cache was filled by update(); a cache takes update() or "
+                             "write(), not both (call reset() to start over)")
+        return self.capacity or self._reserve
+
+    def _write(self, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``write`` after its checks of ``slots`` (int64, in range)."""
         if self._key_buffer is None:
-            if not self._reserve:
-                raise ValueError("write needs buffers of a reserved size: make the cache "
-                                 "with KVCache(capacity=N), N the longest sequence")
             self._check(key, value, None)
             self._set([torch.zeros(t.shape[:2] + (self._reserve, t.shape[-1]), dtype=t.dtype,
                                    device=t.device) for t in (key, value)])
             self._written = True
-        elif not self._written:
-            raise ValueError("this cache was filled by update(); a cache takes update() or "
-                             "write(), not both (call reset() to start over)")
         for new, buffer in ((key, self._key_buffer), (value, self._value_buffer)):
             if new.shape[:2] + new.shape[-1:] != buffer.shape[:2] + buffer.shape[-1:] or (
                     new.dtype != buffer.dtype or new.device != buffer.device):
                 raise ValueError(f"keys/values of shape {tuple(new.shape)} ({new.dtype}, "
                                  f"{new.device}) do not fit the buffers {tuple(buffer.shape)} "
                                  f"({buffer.dtype}, {buffer.device})")
+        slots = slots.to(key.device)
+        buffers = (self._key_buffer, self._value_buffer)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (key, value, *buffers)):
+            self._set([buffer.index_copy(2, slots, new)
+                       for new, buffer in zip((key, value), buffers, strict=True)])
+            return self._key_buffer, self._value_buffer
+        if not self._writable(self.capacity):  # made in inference mode, or by autograd
+            self._set([buffer.clone() for buffer in buffers])
+        for new, buffer in ((key, self._key_buffer), (value, self._value_buffer)):
             buffer.index_copy_(2, slots, new)
         return self._key_buffer, self._value_buffer
 
@@ -281,8 +346,8 @@ class KVCache:
         if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
             return None
         if self._key_buffer is None:
-            self.write(key[..., :0, :], value[..., :0, :],
-                       torch.empty(0, dtype=torch.int64, device=key.device))
+            self._write(key[..., :0, :], value[..., :0, :],
+                        torch.empty(0, dtype=torch.int64, device=key.device))
         if not self._written or not self._writable(self.capacity):
             return None
         return self._key_buffer, self._value_buffer
@@ -331,6 +396,27 @@ class KVCache:
         self._next_position = None
         self._written = False
         self._axes = None
+        self._owner = None
+
+
+def _check_slots(slots: torch.Tensor, capacity: int) -> None:
+    """Refuses slots outside ``[0, capacity)`` before a write: with a ValueError where they
+    are on the CPU, else with an assertion on their device (nothing read back, so a CUDA
+    graph can hold the step)."""
+    if tracing() or slots.device.type != "cpu":
+        torch._assert_async(((slots >= 0) & (slots < capacity)).all(),
+                            "KVCache.write: slots (cache_position + 0 .. N - 1) must be in "
+                            "[0, capacity)")
+        return
+    if not slots.numel():
+        return
+    low, high = torch.stack(torch.aminmax(slots)).tolist()
+    if low < 0 or high >= capacity:
+        raise ValueError(f"slots must be in [0, {capacity}) (the cache's capacity), got "
+                         f"{low}..{high}; a cache_position step writes its N new tokens at "
+                         f"slots cache_position + 0 .. N - 1, so cache_position must be in "
+                         f"[0, capacity - N]. Nothing was written (make the cache with a "
+                         f"larger KVCache(capacity=...))")
 
 
 class StandardAttentionWithRoPE(nn.Module):
@@ -346,6 +432,9 @@ class StandardAttentionWithRoPE(nn.Module):
         dropout: dropout on the attention weights (training only).
         num_kv_heads: key/value heads (GQA; 1 is MQA). Default: num_heads.
         bias: bias in the four projections (Hugging Face Llama: False).
+        o_proj_bias: bias in the output projection; default ``bias``. Qwen2 and Qwen2-VL
+            have q, k and v biases and none in ``o_proj``: ``bias=True, o_proj_bias=False``
+            loads their attention's state dict strictly.
         layout: ``"interleaved"`` (RoFormer, Meta Llama) or ``"half"`` (Hugging Face Llama).
         rotary_dim: rotate only the first rotary_dim channels of each head. A
             ``partial_rotary_factor`` p in ``scaling`` sets it as transformers does (int(p *
@@ -377,7 +466,8 @@ class StandardAttentionWithRoPE(nn.Module):
                  scaling: Mapping | None = None, max_position_embeddings: int | None = None,
                  rope: bool = True, short_table: str = "raise",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 layer_type: str | None = None, frequencies: torch.Tensor | None = None):
+                 layer_type: str | None = None, frequencies: torch.Tensor | None = None,
+                 o_proj_bias: bool | None = None):
         super().__init__()
         embed_dim = check_count("embed_dim", embed_dim)
         num_heads = check_count("num_heads", num_heads)
@@ -422,7 +512,11 @@ class StandardAttentionWithRoPE(nn.Module):
         self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **kw)
         self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias, **kw)
-        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        if o_proj_bias is not None and not isinstance(o_proj_bias, bool):
+            raise TypeError(f"o_proj_bias must be a bool or None, got "
+                            f"{type(o_proj_bias).__name__}")
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim,
+                                bias=bias if o_proj_bias is None else o_proj_bias, **kw)
         if frequencies is not None and not rope:
             raise ValueError("frequencies (multi-axis RoPE) need rope=True")
         self.rotary = RotaryEmbedding(table_dim, base, scaling=scaling, device=device,
@@ -611,23 +705,27 @@ class StandardAttentionWithRoPE(nn.Module):
             cache_position: a step at cache slots given on the device: a 0-d integer tensor,
                 the slot of the first new token in ``kv_cache`` (made with a ``capacity``);
                 the new keys and values go to the slots ``cache_position + 0 .. N - 1``
-                (``KVCache.write``), each query attends to the slots up to its own (and to
-                what ``attn_mask`` of shape ``(B, 1, 1, capacity)`` or ``(B, 1, N,
-                capacity)`` allows, e.g. left padding), and ``positions`` default to the
-                slots (``(N, 1)`` for one-axis frequencies). As many new keys as queries,
-                1D RoPE (or k = 1) whose frequencies do not depend on the length. Nothing
-                in such a step reads a value on the host, so on a GPU it can be captured in
-                a CUDA graph and replayed with new tokens, positions and ``cache_position``
-                (see the README).
+                (``KVCache.write``; slots past the capacity are refused before anything is
+                written), each query attends to the slots up to its own (and to what
+                ``attn_mask``, which must broadcast to ``(B, H, N, capacity)``, e.g. ``(B, 1,
+                1, capacity)``, allows, e.g. left padding), and ``positions`` default to the
+                slots, or to ``offset + 0 .. N - 1`` when ``offset`` is given (``(N, 1)`` for
+                one-axis frequencies); ``key_positions`` default to ``positions``. As many
+                new keys as queries, 1D RoPE (or k = 1) whose frequencies do not depend on
+                the length. Nothing in such a step reads a value on the host, so on a GPU
+                it can be captured in a CUDA graph and replayed with new tokens, positions
+                and ``cache_position`` (see the README).
 
         Returns:
             ``out`` ``(B, Nq, D)``, or ``(out, attn_weights)`` if ``return_attn``. A query row
             that may attend to nothing gets zeros (no NaN).
         """
         self._check_inputs(query, key, value)
+        if isinstance(kv_cache, KVCache):
+            kv_cache._claim(self)
         if cache_position is not None:
             return self._step_at(query, key, value, rope_embeddings, attn_mask, return_attn,
-                                 positions, kv_cache, cache_position)
+                                 positions, key_positions, offset, kv_cache, cache_position)
         # a multi-axis module records each row's next position in a KVCache
         axes = (rope_embeddings is None and self.rotary is not None
                 and self.rotary.frequencies is not None and hasattr(kv_cache, "next_position"))
@@ -669,7 +767,7 @@ class StandardAttentionWithRoPE(nn.Module):
         return self._attend(q, k, v, attn_mask, is_causal, return_attn)
 
     def _step_at(self, query, key, value, rope_embeddings, attn_mask, return_attn, positions,
-                 kv_cache, cache_position):
+                 key_positions, offset, kv_cache, cache_position):
         """``forward`` with ``cache_position``: the step a CUDA graph can hold."""
         if key.shape[1] != query.shape[1]:
             raise ValueError(f"cache_position steps take as many new keys as queries (the "
@@ -687,28 +785,43 @@ class StandardAttentionWithRoPE(nn.Module):
         if cache_position.numel() != 1:
             raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), "
                              f"got shape {tuple(cache_position.shape)}")
+        if offset is not None and positions is not None:
+            raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
+                             "add the offset to positions instead")
+        capacity = kv_cache._slot_capacity()
+        if attn_mask is not None:
+            self._check_step_mask(attn_mask, query.shape[0], query.shape[1], capacity)
+        n = query.shape[1]
+        steps = torch.arange(n, device=query.device)
+        slots = cache_position.reshape(()).to(query.device) + steps
+        _check_slots(slots, capacity)  # before anything is written (or rotated)
         q = self._split_heads(self.q_proj(query), self.num_heads)
         k = self._split_heads(self.k_proj(key), self.num_kv_heads)
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
-        n = q.shape[-2]
-        slots = cache_position.reshape(()).to(q.device) + torch.arange(n, device=q.device)
-        fused = self._rotate_into_cache(q, k, v, rope_embeddings, positions, kv_cache,
-                                        cache_position)
+        derived = positions is None
+        if derived and offset is not None:
+            start = check_offset(offset)
+            positions = steps + (start.to(q.device) if isinstance(start, torch.Tensor)
+                                 else start)
+        fused = None if key_positions is not None else self._rotate_into_cache(
+            q, k, v, rope_embeddings, positions, kv_cache, cache_position)
         if fused is not None:
             q, k, v = fused
         else:
-            if positions is None:  # one coordinate each for one-axis frequencies (k = 1)
+            if positions is None:
+                positions = slots
+            if derived:  # one coordinate each for one-axis frequencies (k = 1)
                 one_axis = rope_embeddings is None and self.rotary is not None and (
                     self.rotary.frequencies is not None)
-                positions = slots[:, None] if one_axis else slots
+                positions = positions[:, None] if one_axis else positions
             positions = check_int_tensor("positions", positions)
-            q, k = self._rotate(q, k, rope_embeddings, positions, positions, 0, n)
-            k, v = kv_cache.write(k, v, slots)
+            key_positions = positions if key_positions is None else check_int_tensor(
+                "key_positions", key_positions)
+            q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, 0, n)
+            k, v = kv_cache._write(k, v, slots)
         visible = torch.arange(k.shape[-2], device=q.device) <= slots[:, None]  # (n, capacity)
         if attn_mask is None:
             mask = visible
-        elif not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
         elif attn_mask.dtype == torch.bool:
             mask = attn_mask & visible
         else:
@@ -749,6 +862,24 @@ class StandardAttentionWithRoPE(nn.Module):
                                    layout=self.layout, positions=positions,
                                    rotary_dim=self.rotary_dim, short_table=self.short_table)
         return (q, *buffers)
+
+    def _check_step_mask(self, attn_mask, batch: int, new: int, capacity: int) -> None:
+        """A ``cache_position`` step's mask has one column per cache slot: it must broadcast
+        to ``(batch, heads, new, capacity)``."""
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        expected = (batch, self.num_heads, new, capacity)
+        try:
+            fits = attn_mask.ndim <= 4 and torch.broadcast_shapes(attn_mask.shape,
+                                                                  expected) == expected
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"attn_mask of a cache_position step must broadcast to (batch, "
+                             f"heads, new, capacity) = {expected}: one column per slot of the "
+                             f"cache's capacity ({capacity}), written or not (slots past "
+                             f"cache_position are hidden anyway), e.g. (batch, 1, 1, "
+                             f"{capacity}); got {tuple(attn_mask.shape)}")
 
     def _attend(self, q, k, v, attn_mask, is_causal: bool, return_attn: bool):
         """Attention of rotated q ``(B, H, Nq, d)`` over k, v ``(B, kv_heads, Nk, d)``, merged

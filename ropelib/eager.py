@@ -8,6 +8,12 @@ compiler, other devices), arranged to move few bytes:
 - **Interleaved layout, float16/bfloat16:** there is no half-precision complex multiply on the
   CPU, so x is widened to float32 once, rotated there in place and rounded once into ``out``
   (which is also more accurate than three rounded half-precision operations).
+- **Half layout, float16/bfloat16:** the products with sin first, into float32 temporaries
+  (half of x each, computed before anything is written, so also in place), then
+  ``out_a = addcmul(-b sin, a, cos)`` and ``out_b = addcmul(a sin, b, cos)`` with
+  half-precision outputs: PyTorch computes them in float32 and rounds once on the store, as
+  the compiled loop and the Triton kernel do (three rounded half-precision operations were
+  up to 5 ulp off), and x is never widened as a whole.
 - **Otherwise:** ``out = x * cos_wide`` (cos repeated to full width in the layout's pair
   order), then ``out_a -= b * sin`` and ``out_b += a * sin`` with ``addcmul_``: two passes, no
   temporaries.
@@ -41,7 +47,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
            sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
            positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x in ``xs``, into ``outs`` (None: a
-    new contiguous tensor); arguments as for ``ropelib.triton_rope.run``."""
+    new contiguous tensor); arguments as for ``ropelib.triton_rope.run``. Tables (or rows)
+    wider than ``rotary_dim // 2`` are read in their first ``rotary_dim // 2`` columns."""
+    cos, sin = cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2]
     if positions is not None:
         cos, sin = gather_rows(cos, sin, positions, axes)
     return [_rotate_one(x, cos, sin, layout, rotary_dim, out, inverse)
@@ -68,8 +76,15 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
         _as_complex(wide).mul_(tables[0])
         outr.copy_(wide)
         return out
-    cos, sin, cos_wide = tables
     a, b = pairs(xr, layout)
+    if path == "upcast_pairs":
+        cos, sin, minus_sin = tables
+        minus_b_sin, a_sin = torch.mul(b, minus_sin), torch.mul(a, sin)  # float32
+        out_a, out_b = pairs(outr, layout)
+        torch.addcmul(minus_b_sin, a, cos, out=out_a)
+        torch.addcmul(a_sin, b, cos, out=out_b)
+        return out
+    cos, sin, cos_wide = tables
     if in_place:
         a_saved = a.clone()
         a.mul_(cos).addcmul_(b, sin, value=-1)
@@ -83,7 +98,10 @@ def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
 
 
 def choose_path(x: torch.Tensor, out: torch.Tensor | None, layout: str, rotary_dim: int) -> str:
-    """``"complex"``, ``"upcast"`` (half precision via float32 complex) or ``"pairs"``."""
+    """``"complex"``, ``"upcast"`` (half precision via float32 complex), ``"upcast_pairs"``
+    (half precision, half layout, in float32) or ``"pairs"``."""
+    if layout == "half" and x.dtype in _UPCAST_DTYPES:
+        return "upcast_pairs"
     if layout == "interleaved":
         if x.dtype in _UPCAST_DTYPES:
             return "upcast"
@@ -97,7 +115,8 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
                    layout: str, inverse: bool = False) -> tuple[torch.Tensor, ...]:
     """The tables a path multiplies by, with the rows (dim -2) of cos and sin:
     ``"complex"``: (e^{i m theta} in x's precision,); ``"upcast"``: (e^{i m theta} in
-    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype. With
+    float32,); ``"pairs"``: (cos, sin, cos widened to full width), in x's dtype;
+    ``"upcast_pairs"``: (cos, sin, -sin) in float32. With
     ``inverse`` they are those of -theta (sin negated)."""
     if inverse:
         sin = -sin
@@ -105,6 +124,9 @@ def prepare_tables(cos: torch.Tensor, sin: torch.Tensor, path: str, dtype: torch
         return (torch.complex(cos.to(dtype), sin.to(dtype)),)
     if path == "upcast":
         return (torch.complex(cos.float(), sin.float()),)
+    if path == "upcast_pairs":
+        cos, sin = cos.float(), sin.float()
+        return cos, sin, -sin
     cos, sin = cos.to(dtype), sin.to(dtype)
     return cos, sin, _widen(cos, layout)
 
@@ -161,6 +183,7 @@ def rotate_composite(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     """The rotation in plain differentiable PyTorch operations (at least float32 arithmetic,
     one rounding): what ``torch.func`` transforms (grad, vmap, jvp, ...) and forward-mode AD
     differentiate and batch, since the kernels only take plain tensors."""
+    cos, sin = cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2]
     if positions is not None:
         cos, sin = gather_rows(cos, sin, positions, axes)
     wide = torch.promote_types(x.dtype, torch.float32)

@@ -229,15 +229,17 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
         positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
     """``rotate`` for every x in ``xs`` (arguments as for ``ropelib.triton_rope.run``), with
-    the tables made contiguous in the loop's precision: float64 for float64 x, else float32."""
-    if positions is not None and axes is None:  # one coordinate per token: every pair its 0
-        axes = torch.zeros(rotary_dim // 2, dtype=torch.int32)
-    results = []
-    for x, out in zip(xs, outs, strict=True):
-        accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
-        results.append(rotate(x, cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous(),
-                              layout, rotary_dim, out, inverse, positions, axes))
-    return results
+    the tables made contiguous in the loop's precision (float64 for float64 x, else float32)
+    once for all of them (q and k have one dtype). With ``positions`` the loop steps through
+    the tables' rows by ``rotary_dim // 2``: wider tables are cut to that first."""
+    if positions is not None:
+        cos, sin = cos[:, :rotary_dim // 2], sin[:, :rotary_dim // 2]
+        if axes is None:  # one coordinate per token: every pair its 0
+            axes = torch.zeros(rotary_dim // 2, dtype=torch.int32)
+    accumulate = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
+    cos, sin = cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
+    return [rotate(x, cos, sin, layout, rotary_dim, out, inverse, positions, axes)
+            for x, out in zip(xs, outs, strict=True)]
 
 
 def supports_axis_rows(cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -133,7 +133,7 @@ def apply_rope_qk(
         raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
     if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
         cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
-    rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table)
+    rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table, "q")
     check_float_tensor("k", k)
     if (k.ndim != q.ndim or q.ndim < 3 or k.shape[:-3] != q.shape[:-3]
             or k.shape[-2:] != q.shape[-2:] or k.dtype != q.dtype or k.device != q.device):
@@ -151,8 +151,8 @@ def apply_rope_qk(
     if out is not None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(f"out must be a pair (q_out, k_out), got {type(out).__name__}")
-        _check_out(out[0], q, cos, sin)
-        _check_out(out[1], k, cos, sin)
+        for name, t, x_name in (("q_out", out[0], "q"), ("k_out", out[1], "k")):
+            _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
     cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
                                                  short_table, axes)
     if type(q) is not torch.Tensor:
@@ -294,19 +294,20 @@ def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                     offset: object, rotary_dim: int | None, short_table: str
-                     ) -> tuple[int, int]:
-    """Checks everything but ``out`` and ``positions``; returns (rotary_dim, offset as int)."""
+                     offset: object, rotary_dim: int | None, short_table: str,
+                     name: str = "x") -> tuple[int, int]:
+    """Checks everything but ``out`` and ``positions`` (``name``: what the caller calls x);
+    returns (rotary_dim, offset as int)."""
     check_layout(layout)
     if short_table not in SHORT_TABLE_MODES:
         raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
-    check_float_tensor("x", x)
+    check_float_tensor(name, x)
     if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     head_dim = int(x.shape[-1])  # a traced size under torch.jit.trace
     rd = head_dim if rotary_dim is None else as_int(rotary_dim)
     if rd is None or rd <= 0 or rd % 2 or rd > head_dim:
-        what = "head_dim (x.shape[-1])" if rotary_dim is None else "rotary_dim"
+        what = f"head_dim ({name}.shape[-1])" if rotary_dim is None else "rotary_dim"
         raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
                          f"got {head_dim if rotary_dim is None else rotary_dim!r}")
     check_float_tensor("cos", cos)
@@ -318,16 +319,16 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
         raise ValueError(f"cos and sin must have the same dtype, got {cos.dtype} and "
                          f"{sin.dtype}; convert one, e.g. sin.to(cos.dtype)")
     if cos.ndim < 2 or cos.shape[-1] != rd // 2:
-        hint = "" if rotary_dim is not None or cos.ndim < 2 else (
-            f"; for a partial rotation pass rotary_dim={2 * cos.shape[-1]}")
+        hint = "" if cos.ndim < 2 else _table_width_hint(int(cos.shape[-1]), head_dim,
+                                                         rotary_dim is None)
         raise ValueError(f"cos/sin must have shape (table_len, {rd // 2}) (rotary_dim // 2 = "
                          f"{rd} // 2), got {tuple(cos.shape)}{hint}")
     if sin.device != cos.device:
         raise ValueError(f"cos is on {cos.device} but sin is on {sin.device}; "
                          f"keep both tables on x's device ({x.device})")
     if cos.device != x.device:
-        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}; "
-                         f"move them with cos.to(x.device)")
+        raise ValueError(f"cos/sin are on {cos.device} but {name} is on {x.device}; "
+                         f"move them with cos.to({name}.device)")
     if cos.ndim > 2:
         expected = x.shape[:-1] + (rd // 2,)
         try:
@@ -338,10 +339,10 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
             raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
                              f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
                              "with positions= instead")
-    return rd, _check_offset(offset)
+    return rd, check_offset(offset)
 
 
-def _check_offset(offset: object) -> int | torch.Tensor:
+def check_offset(offset: object) -> int | torch.Tensor:
     """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool); a
     0-d integer tensor on a GPU stays a tensor (reading it would wait for the device), and
     is checked there."""
@@ -362,22 +363,46 @@ def _check_offset(offset: object) -> int | torch.Tensor:
     return value
 
 
-def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def _table_width_hint(width: int, head_dim: int, default_dim: bool) -> str:
+    """What to do with tables ``width`` columns wide that do not fit: a partial rotation,
+    or transformers' tables (``cat(freqs, freqs)``, as wide as the channels they rotate)."""
+    hints = []
+    if default_dim and 2 * width <= head_dim:
+        hints.append(f"for a partial rotation pass rotary_dim={2 * width}")
+    if width <= head_dim and width % 2 == 0:
+        partial = f", rotary_dim={width}" if width < head_dim else ""
+        hints.append(f"tables {width} wide may be transformers' (cat(freqs, freqs), as wide "
+                     f"as the channels they rotate): pass cos[..., :{width // 2}] and "
+                     f"sin[..., :{width // 2}] with layout='half'{partial}, or call "
+                     "ropelib.hf.apply_rotary_pos_emb(q, k, cos, sin), which takes them as "
+                     "they are")
+    return "".join(f"; {hint}" for hint in hints)
+
+
+def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               name: str = "out", x_name: str = "x", inplace: bool = False) -> None:
+    """``out`` (called ``name``; ``q_out``/``k_out`` of ``apply_rope_qk``, which are q and k
+    themselves with ``inplace``) as a destination of x (``x_name``)."""
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
-        raise ValueError(f"out must match x: shape {tuple(x.shape)}, dtype {x.dtype}, device "
-                         f"{x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, device "
-                         f"{out.device}")
+        raise ValueError(f"{name} must match {x_name}: shape {tuple(x.shape)}, dtype {x.dtype}, "
+                         f"device {x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, "
+                         f"device {out.device}")
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad
                                     or out.requires_grad):
-        raise ValueError("apply_rope(..., out=...) is not differentiable; call it under "
-                         "torch.no_grad() or drop out= to get gradients")
+        if inplace:
+            raise ValueError("apply_rope_qk(..., inplace=True) is not differentiable (the "
+                             "rotation overwrites q and k); call it under torch.no_grad() or "
+                             "drop inplace=True to get gradients")
+        call = "apply_rope(..., out=...)" if name == "out" else "apply_rope_qk(..., out=...)"
+        raise ValueError(f"{call} is not differentiable; call it under torch.no_grad() or "
+                         "drop out= to get gradients")
     strides = out.stride()
     if 0 in strides and any(st == 0 and n > 1 for n, st in zip(out.shape, strides, strict=True)):
-        raise ValueError(f"out has elements that share memory (stride 0 in a dim of size > 1, "
-                         f"strides {strides}, e.g. from expand); pass a buffer "
-                         "made with torch.empty_like(x)")
+        raise ValueError(f"{name} has elements that share memory (stride 0 in a dim of size "
+                         f"> 1, strides {strides}, e.g. from expand); pass a buffer made with "
+                         f"torch.empty_like({x_name})")
 
 
 def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,

@@ -134,8 +134,11 @@ def test_a_cache_of_rotated_keys_is_refused_by_a_length_dependent_module():
     cache = KVCache()
     with torch.no_grad():
         plain(x, x, x, kv_cache=cache)
+        with pytest.raises(ValueError, match="this KVCache holds the keys of another layer"):
+            dynamic(x, x, x, kv_cache=cache)  # a cache serves one layer (issue 43 item 14)
+        key = torch.zeros(1, H, 1, D // H)
         with pytest.raises(ValueError, match="this cache holds keys without their positions"):
-            dynamic(x, x, x, kv_cache=cache)
+            cache.update(key, key, positions=torch.tensor([3]))
     assert cache.length == 3
 
 
