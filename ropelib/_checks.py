@@ -173,6 +173,25 @@ def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
                          f"{tuple(positions.shape)}")
 
 
+def check_coordinates(positions: torch.Tensor, axes: torch.Tensor | None,
+                      table_len: int) -> None:
+    """The rotation operators' coordinates on the CPU: each in ``[0, table_len)`` (the
+    table's rows) and each axis in ``[0, k)``, else a ValueError naming both ranges. Every
+    CPU backend refuses them so (the compiled loop as it reads each row); on a GPU their
+    rows become NaN instead (nothing is read back to check them)."""
+    k = positions.shape[-1]
+    bounds = [*torch.aminmax(positions)] if positions.numel() else []
+    if axes is not None and axes.numel():
+        bounds += [t.to(positions.device) for t in torch.aminmax(axes)]
+    bounds = torch.stack(bounds).tolist() if bounds else []
+    low, high = bounds[:2] if positions.numel() else (0, -1)
+    axis_low, axis_high = bounds[-2:] if axes is not None and axes.numel() else (0, 0)
+    if low < 0 or high >= table_len or axis_low < 0 or axis_high >= k:
+        raise ValueError(f"positions must be in [0, {table_len}) (the table's rows) and axes "
+                         f"in [0, {k}) (the coordinates), got positions in [{low}, {high}] and "
+                         f"axes in [{axis_low}, {axis_high}]")
+
+
 @torch.library.custom_op("ropelib::nonnegative", mutates_args=())
 def _nonnegative(positions: torch.Tensor) -> torch.Tensor:
     """A copy of ``positions`` after checking that none is negative, as an operator:

@@ -161,29 +161,39 @@ def _rotate_out_strategies(x, cos, sin, layout, rotary_dim, out, positions=None,
 
 def _rotate_qk_strategies(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
                           axes=None) -> list[tuple[list, list]]:
-    """``ropelib::rotate_qk``: q, k and both results share each placement."""
-    return [([placement] * 2, [placement] * 2 + inputs[:2] + [None] * 3 + inputs[2:])
-            for placement, inputs in _placements(q, cos, positions)]
+    """``ropelib::rotate_qk``: q and k each keep a placement of their own (q sharded over
+    its heads beside an MQA k replicated, or k sharded unevenly), each result that of its
+    input, wherever one set of rows serves both."""
+    return [([pq, pk], [pq, pk] + inputs[:2] + [None] * 3 + inputs[2:])
+            for pq, pk, inputs in _pair_placements(q, k, cos, positions)]
 
 
 def _rotate_qk_out_strategies(q, k, cos, sin, layout, rotary_dim, q_out, k_out,
                               positions=None, axes=None) -> list[tuple[list, list]]:
-    """``ropelib::rotate_qk_out``: ``q_out`` and ``k_out`` keep their placement, as
-    ``out`` does for ``rotate_out``."""
-    return _in_place([([], [placement] * 2 + inputs[:2] + [None] * 2 + [placement] * 2
-                       + inputs[2:]) for placement, inputs in _placements(q, cos, positions)
-                      if placement in q_out.placements and placement in k_out.placements],
+    """``ropelib::rotate_qk_out``: ``q_out`` and ``k_out`` keep their placements, as
+    ``out`` does for ``rotate_out``, and q and k are brought to them."""
+    return _in_place([([], [pq, pk] + inputs[:2] + [None] * 2 + [pq, pk] + inputs[2:])
+                      for pq, pk, inputs in _pair_placements(q, k, cos, positions)
+                      if pq in q_out.placements and pk in k_out.placements],
                      "q_out and k_out", q_out)
+
+
+def _pair_placements(q, k, table, positions) -> list[tuple[object, object, list]]:
+    """(q's placement, k's, the placements of (cos, sin, positions, axes)) for every pair of
+    ``_placements`` of q and of k that need the same placements of the rows."""
+    return [(pq, pk, inputs_q) for pq, inputs_q in _placements(q, table, positions)
+            for pk, inputs_k in _placements(k, table, positions) if inputs_q == inputs_k]
 
 
 def _in_place(strategies: list, name: str, out) -> list:
     """The strategies of an operator that writes into ``name``; a ValueError when none
-    keeps its placement (it is sharded over the channels, or q_out and k_out differ)."""
+    keeps its placement (it is sharded over the channels, or q_out and k_out need other
+    rows)."""
     if not strategies:
         raise ValueError(f"{name} must be replicated or sharded over a dim other than the "
-                         f"channels, both alike, for the rotation to write into each rank's "
-                         f"shard; got placements {out.placements}. Pass a destination laid "
-                         "out like x, or none")
+                         f"channels, for the rotation to write into each rank's shard; got "
+                         f"placements {out.placements}. Pass a destination laid out like x, "
+                         "or none")
     return strategies
 
 

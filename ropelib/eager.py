@@ -135,22 +135,27 @@ def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of positions read from 2-D tables: ``rows[..., n, i] = table[positions[...,
     n, axes[i]], i]`` (multi-axis RoPE whose pairs each follow one axis), or with ``axes``
-    None ``table[positions[..., n, 0], i]`` (one coordinate per token).
+    None ``table[positions[..., n, 0], i]`` (one coordinate per token). A coordinate outside
+    ``[0, table_len)`` reads no memory: its row is NaN, as in the Triton kernel (on the CPU
+    ``ropelib.kernels`` refuses such coordinates before any backend runs).
 
     Args:
         cos, sin: ``(table_len, pairs)``.
-        positions: ``(..., seq, k)`` int64 coordinates in ``[0, table_len)``.
+        positions: ``(..., seq, k)`` int64 coordinates.
         axes: ``(pairs,)`` int64, the axis of each pair, or None (k is 1).
 
     Returns:
         ``(cos, sin)`` rows ``(..., seq, pairs)``, differentiable in the tables (a gather).
     """
-    if axes is None:
-        return cos[positions[..., 0]], sin[positions[..., 0]]
-    index = positions.index_select(-1, axes)
-    flat = index.reshape(-1, index.shape[-1])
-    return (cos.gather(0, flat).reshape(index.shape),
-            sin.gather(0, flat).reshape(index.shape))
+    table_len, width = cos.shape
+    index = (positions[..., :1].expand(*positions.shape[:-1], width) if axes is None
+             else positions.index_select(-1, axes))
+    inside = (index >= 0) & (index < table_len)
+    flat = index.clamp(0, max(table_len - 1, 0)).reshape(-1, width)
+    if not table_len:  # nothing to read: every row is outside
+        return (torch.full(index.shape, float("nan"), dtype=cos.dtype, device=cos.device),) * 2
+    return tuple(table.gather(0, flat).reshape(index.shape).masked_fill(~inside, float("nan"))
+                 for table in (cos, sin))
 
 
 def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import check_rotation_operands, tracing
+from ._checks import check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -303,7 +303,15 @@ def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
     """Checked on the real tensors (so also in a compiled graph): out may not overlap the
     tables, nor share an element with x unless it is x itself. Meta tensors hold no memory
-    (every one reports address 0): nothing to check."""
+    (every one reports address 0): nothing to check. An inference tensor (made under
+    ``torch.inference_mode()``) takes no write outside inference mode, as PyTorch's own
+    in-place operators refuse it."""
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) "
+                         "and this call is outside inference mode, where PyTorch refuses "
+                         "in-place updates to inference tensors; call it under "
+                         f"torch.inference_mode(), or pass a destination made outside it "
+                         f"(e.g. {x_name}.clone())")
     if out.device.type == "meta":
         return
     out_span = _byte_span(out)
@@ -402,6 +410,8 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
             return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions,
                                axes, pending=pending)
         positions = settle(xs[0], cos, positions, axes, pending)
+    if positions is not None and xs[0].device.type == "cpu" and backend is not native:
+        check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
 
 
@@ -451,11 +461,10 @@ def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
-        backend, reason = _backend(forced)
-        reason = reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+        reason = forced_refusal(xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
-        return backend
+        return _backend(forced)[0]
     for name in ORDER.get(xs[0].device.type, ()):
         backend, reason = _backend(name)
         if backend is not None and not backend.declines(xs, outs, cos, sin, rotary_dim,
@@ -479,26 +488,85 @@ def _backend(name: str) -> tuple[ModuleType | None, str | None]:
 class BackendStatus(NamedTuple):
     """Which backend ``apply_rope`` takes on a device for a usual call and why."""
 
-    backend: str  # "native", "triton" or "eager"
+    backend: str | None  # "native", "triton" or "eager"; None: every such call raises
     reason: str
 
 
-def backend_status(device: str | torch.device = "cpu") -> BackendStatus:
-    """The backend a contiguous float32 call on ``device`` takes (honouring
-    ``ROPELIB_BACKEND``), e.g. ``BackendStatus(backend='triton', reason='the Triton kernel,
-    one launch per call')``; what the others said when they declined."""
+def backend_status(device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> BackendStatus:
+    """What the next call of ``apply_rope`` with a contiguous ``dtype`` tensor on ``device``
+    does, honouring ``ROPELIB_BACKEND`` (read now, as every call reads it), e.g.
+    ``BackendStatus(backend='triton', reason='the first of triton, eager that takes the
+    call')``: the backend that runs it and what the others said when they declined, or
+    ``backend=None`` with the reason every such call raises (an unknown ``ROPELIB_BACKEND``,
+    a forced backend that declines, a device this PyTorch cannot use). Under ``torch.func``
+    transforms the rotation runs as PyTorch operations whatever the backend, and a forced
+    backend that declines the call raises there too."""
     device = torch.device(device)
-    x = torch.empty(1, 1, 2, 8, device=device)
-    cos = torch.empty(2, 4, device=device)
     forced = os.environ.get("ROPELIB_BACKEND")
-    names = (forced,) if forced else ORDER.get(device.type, ("eager",))
+    if forced and forced not in BACKENDS:
+        return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
+                                   "every call raises ValueError")
+    try:
+        probe = _probe(device, dtype)
+    except (RuntimeError, AssertionError) as error:  # no such device in this build or machine
+        return BackendStatus(None, f"no tensor can be made on {device} here: every call "
+                                   f"raises ({type(error).__name__}: {error})")
+    if forced:
+        reason = forced_refusal(*probe)
+        if reason:
+            return BackendStatus(None, f"ROPELIB_BACKEND={forced} forces a backend that "
+                                       f"declines this call ({reason}): every such call "
+                                       "raises ValueError")
+        return BackendStatus(forced, "forced by ROPELIB_BACKEND")
+    names = ORDER.get(device.type, ("eager",))
     declined = []
     for name in names:
-        backend, reason = _backend(name) if name in BACKENDS else (None, "unknown backend")
-        reason = reason or backend.declines([x], [None], cos, cos, 8, None)
+        backend, reason = _backend(name)
+        reason = reason or backend.declines(*probe)
         if not reason:
-            how = "forced by ROPELIB_BACKEND" if forced else "the first of " + ", ".join(names)
-            return BackendStatus(name, f"{how} that takes the call"
+            return BackendStatus(name, f"the first of {', '.join(names)} that takes the call"
                                  + "".join(f"; {d}" for d in declined))
         declined.append(f"{name} declined: {reason}")
     return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
+    """``declines``' arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on ``device``
+    with float32 rows: what a backend is asked about a usual call."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False"
+                           + (" (this PyTorch is built without CUDA)"
+                              if torch.version.cuda is None else ""))
+    x = torch.empty(1, 1, 2, 8, device=device, dtype=dtype)
+    cos = torch.empty(2, 4, device=device)
+    return [x], [None], cos, cos, 8, None
+
+
+def forced_refusal(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+                   positions: torch.Tensor | None = None) -> str | None:
+    """Why the backend ``ROPELIB_BACKEND`` forces cannot take this call (None: it takes it,
+    or nothing is forced); ``declines``' arguments."""
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if not forced:
+        return None
+    if forced not in BACKENDS:
+        return f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
+    backend, reason = _backend(forced)
+    return reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+
+
+def check_forced_under_transform(x: torch.Tensor) -> None:
+    """Under a ``torch.func`` transform the rotation runs as PyTorch operations whatever
+    the backend (the kernels take plain tensors only); a forced backend that would decline
+    the call (x's dtype on x's device, contiguous) raises as the call without the transform
+    does, so a forced backend is never passed over in silence."""
+    if not os.environ.get("ROPELIB_BACKEND"):
+        return
+    reason = forced_refusal(*_probe(x.device, x.dtype))
+    if reason:
+        raise ValueError(f"ROPELIB_BACKEND={os.environ['ROPELIB_BACKEND']} cannot rotate this "
+                         f"call: {reason} (under a torch.func transform the rotation runs as "
+                         "PyTorch operations, but a forced backend that declines the call "
+                         "refuses it there too)")

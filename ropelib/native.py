@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_count
+from ._checks import check_coordinates, check_count
 
 NAME = "native"
 SOURCE = Path(__file__).with_name("native_rope.c")
@@ -160,16 +160,40 @@ def unavailable_reason() -> str | None:
 class NativeStatus(NamedTuple):
     """Which path ``apply_rope`` takes on the CPU (float32, float64, bfloat16) and why."""
 
-    path: str  # "native" (the compiled loop) or "eager" (PyTorch operations)
+    path: str | None  # "native" (the compiled loop), "eager", "triton" (forced); None: raises
     reason: str  # why that path
     threaded: bool  # whether the compiled loop runs on several threads (OpenMP)
 
 
 def native_status() -> NativeStatus:
-    """Whether ropelib's compiled loop runs (building it if needed) and why, e.g.
-    ``NativeStatus(path='eager', reason='disabled (ROPELIB_NATIVE=0 or set_enabled(False))',
-    threaded=False)``. Other dtypes take the eager backend, CUDA tensors the Triton kernel
-    (``ropelib.backend_status`` says which backend a device's calls take)."""
+    """Which path ``apply_rope``'s CPU calls (float32, float64, bfloat16) take and why,
+    building the compiled loop if needed, e.g. ``NativeStatus(path='eager', reason='disabled
+    (ROPELIB_NATIVE=0 or set_enabled(False))', threaded=False)``: ``"native"`` (the compiled
+    loop), ``"eager"`` (PyTorch operations), or the backend ``ROPELIB_BACKEND`` forces
+    (``"triton"``: the kernel in Triton's interpreter, which takes float32 and bfloat16:
+    float64 calls then raise); None where every such call raises
+    (an unknown ``ROPELIB_BACKEND``, or ``native`` forced while the loop is unavailable).
+    Other dtypes take the eager backend, CUDA tensors the Triton kernel:
+    ``ropelib.backend_status(device, dtype)`` says what any call does."""
+    loop = _loop_status()
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if not forced:
+        return loop
+    if forced == "native":
+        if loop.path == "native":
+            return loop._replace(reason=f"forced by ROPELIB_BACKEND=native; {loop.reason}")
+        return NativeStatus(None, f"ROPELIB_BACKEND=native forces the compiled loop, which "
+                                  f"does not run ({loop.reason}): every CPU call raises "
+                                  "ValueError", False)
+    if forced in ("eager", "triton"):
+        return NativeStatus(forced, f"forced by ROPELIB_BACKEND={forced} (the compiled loop: "
+                                    f"{loop.reason})", False)
+    return NativeStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of ('native', 'triton', "
+                              "'eager'): every call raises ValueError", False)
+
+
+def _loop_status() -> NativeStatus:
+    """Whether the compiled loop runs when nothing is forced, and why."""
     if not _enabled:
         return NativeStatus("eager", "disabled (ROPELIB_NATIVE=0 or set_enabled(False))", False)
     reason = unavailable_reason()
@@ -344,10 +368,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     axes = axes.to(torch.int32).contiguous()
     if _load()[0].rope_axes[x.dtype](*args, positions.data_ptr(), axes.data_ptr(), k,
                                      cos.shape[0]):
-        raise ValueError(f"positions must be in [0, {cos.shape[0]}) (the table's rows) and "
-                         f"axes in [0, {k}) (the coordinates), got positions in "
-                         f"[{int(positions.min())}, {int(positions.max())}] and axes in "
-                         f"[{int(axes.min())}, {int(axes.max())}]")
+        check_coordinates(positions, axes, cos.shape[0])  # raises: the loop found one
+        raise AssertionError("the compiled loop refused coordinates that are in range")
     return out
 
 

@@ -113,6 +113,7 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
 def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
                                    load_balance: bool = True,
                                    cu_seqlens: torch.Tensor | None = None,
+                                   per_document: bool = False,
                                    device: torch.device | str | None = None) -> torch.Tensor:
     """The global positions of the tokens one rank holds when a sequence is split over
     ``world_size`` ranks for context parallelism, in the order of the rank's tokens.
@@ -128,8 +129,21 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
       the causal mask's work.
 
     With ``cu_seqlens`` the sequence is documents packed end to end and positions restart
-    at 0 in each document (``positions_from_cu_seqlens``); the split is the same, over the
-    packed sequence, whatever the document boundaries.
+    at 0 in each document (``positions_from_cu_seqlens``). Two splits of packed documents
+    are in use:
+
+    - ``per_document=False`` (default): the split above, over the packed sequence whatever
+      the document boundaries; what PyTorch's ``context_parallel`` does by default (its
+      head-tail balancer sees one sequence).
+    - ``per_document=True``: every document is split on its own, into 2R chunks (R with
+      ``load_balance=False``), and rank r holds chunks r and 2R - 1 - r of each document,
+      in document order: Transformer Engine's THD format, ring-flash-attn's varlen
+      functions, and PyTorch's ``_PerDocumentHeadTailLoadBalancer`` as its docstring draws
+      it (each document's causal work shared evenly). Note that torch 2.13's
+      ``_context_parallel_shard`` cuts that balancer's rearranged sequence into R contiguous
+      pieces (document by document, not rank by rank), so the tokens it hands a rank are
+      not these; with it, shard a ``positions_from_cu_seqlens(cu_seqlens)`` buffer beside
+      the tokens instead.
 
     With ``torch.distributed.tensor.experimental.context_parallel``, which shards its
     ``buffers`` along their sequence dims in the head-tail layout (contiguous when its
@@ -150,6 +164,8 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
         rank: r in ``[0, R)``, this rank's place in that mesh.
         load_balance: the head-tail layout above (default) or contiguous chunks.
         cu_seqlens: ``(documents + 1,)`` cumulative document lengths ending at N.
+        per_document: split each document on its own (see above); needs ``cu_seqlens``,
+            each document's length a multiple of 2R (of R with ``load_balance=False``).
         device: where the result goes (default: ``cu_seqlens``'s device, else the CPU).
 
     Returns:
@@ -159,7 +175,8 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
     Raises:
         ValueError: N not a multiple of 2R (load-balanced) or of R (contiguous): then the
             split is uneven, and PyTorch's ``context_parallel`` silently falls back to
-            contiguous chunks when N is not a multiple of 2R.
+            contiguous chunks when N is not a multiple of 2R. With ``per_document``, the
+            same of a document's length.
     """
     n = check_count("seq_len", seq_len, zero=True)
     size = check_count("world_size", world_size)
@@ -167,6 +184,10 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
     if index is None or not 0 <= index < size:
         raise ValueError(f"rank must be an int in [0, {size}) (world_size={size}), got {rank!r}")
     chunks = 2 * size if load_balance else size
+    if not isinstance(per_document, bool):
+        raise TypeError(f"per_document must be a bool, got {type(per_document).__name__}")
+    if per_document:
+        return _per_document(n, chunks, index, load_balance, cu_seqlens, device)
     if n % chunks:
         layout = (f"2 * world_size = {chunks} equal chunks (load-balanced: rank r holds "
                   f"chunks r and {chunks - 1} - r)" if load_balance
@@ -185,3 +206,33 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
     starts = [index * chunk] + ([(chunks - 1 - index) * chunk] if load_balance else [])
     tokens = torch.cat([torch.arange(s, s + chunk, device=device) for s in starts])
     return tokens if cu_seqlens is None else within.to(device)[tokens]
+
+
+def _per_document(n: int, chunks: int, rank: int, load_balance: bool,
+                  cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
+    """``positions_for_context_parallel(..., per_document=True)``: each document cut into
+    ``chunks`` equal chunks, the rank's chunk (and its mirror, load-balanced) of each, in
+    document order; a chunk's positions are its offsets within the document."""
+    if cu_seqlens is None:
+        raise ValueError("per_document=True splits each packed document on its own: pass "
+                         "cu_seqlens (the cumulative document lengths)")
+    within = positions_from_cu_seqlens(cu_seqlens)  # checks cu_seqlens
+    if within.shape[0] != n:
+        raise ValueError(f"cu_seqlens must end at seq_len={n} (the packed documents fill the "
+                         f"sequence), got cu_seqlens[-1]={within.shape[0]}")
+    lengths = check_int_tensor("cu_seqlens", cu_seqlens).diff().tolist()
+    for document, length in enumerate(lengths):
+        if length % chunks:
+            layout = (f"2 * world_size = {chunks}" if load_balance
+                      else f"world_size = {chunks}")
+            raise ValueError(f"per_document=True splits every document into {layout} equal "
+                             f"chunks, but document {document} has {length} tokens; pad each "
+                             f"document to a multiple of {chunks} (as Transformer Engine's THD "
+                             "format asks)")
+    device = cu_seqlens.device if device is None else device
+    pieces = []
+    for length in lengths:
+        chunk = length // chunks
+        starts = [rank * chunk] + ([(chunks - 1 - rank) * chunk] if load_balance else [])
+        pieces += [torch.arange(start, start + chunk, device=device) for start in starts]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64, device=device)

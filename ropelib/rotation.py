@@ -95,6 +95,7 @@ def apply_rope(
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
+        kernels.check_forced_under_transform(x)
         coordinates = kernels.settle(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
@@ -160,6 +161,7 @@ def apply_rope_qk(
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
+        kernels.check_forced_under_transform(q)
         coordinates = kernels.settle(q, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in (q, k)]
@@ -385,6 +387,13 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     themselves with ``inplace``) as a destination of x (``x_name``)."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+    dtensor = distributed.dtensor_class()
+    if dtensor is not None and isinstance(out, dtensor) != isinstance(x, dtensor):
+        kinds = ("a DTensor", "a plain torch.Tensor")
+        seen, wanted = kinds if isinstance(out, dtensor) else kinds[::-1]
+        raise TypeError(f"{name} is {seen} but {x_name} is {wanted}; pass {name} of "
+                        f"{x_name}'s kind, e.g. torch.empty_like({x_name}) (a DTensor of "
+                        f"{x_name}'s placements)")
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(f"{name} must match {x_name}: shape {tuple(x.shape)}, dtype {x.dtype}, "
                          f"device {x.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, "

@@ -113,6 +113,54 @@ def case_dtensor_query_and_key_together() -> None:
             torch.testing.assert_close(result.full_tensor(), rotated(t, pos, "half"), **TOL)
 
 
+def case_dtensor_query_and_key_keep_their_own_placements() -> None:
+    """Issue 43 item 10: q sharded over its heads beside an MQA k replicated, and beside a k
+    of 3 heads sharded unevenly over the heads: exact numbers, and each result keeps its
+    input's placement (q was all-gathered: q_rot came back Replicate); with out= into
+    destinations of those placements too."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    m = mesh()
+    q = torch.randn(B, H, N, D, dtype=F64)
+    pos = torch.randint(0, 16, (B, N))
+    for k, k_placement in ((torch.randn(B, 1, N, D, dtype=F64), Replicate()),
+                           (torch.randn(B, 3, N, D, dtype=F64), Shard(1))):
+        qd, kd = distribute_tensor(q, m, [Shard(1)]), distribute_tensor(k, m, [k_placement])
+        q_rot, k_rot = apply_rope_qk(qd, kd, *tables(), layout="half", positions=pos)
+        assert q_rot.placements == (Shard(1),), q_rot.placements
+        assert k_rot.placements == (k_placement,), k_rot.placements
+        assert q_rot.to_local().shape[1] == 2  # this rank's 2 heads: nothing all-gathered
+        torch.testing.assert_close(q_rot.full_tensor(), rotated(q, pos, "half"), **TOL)
+        torch.testing.assert_close(k_rot.full_tensor(), rotated(k, pos, "half"), **TOL)
+        q_out = distribute_tensor(torch.zeros_like(q), m, [Shard(1)])
+        k_out = distribute_tensor(torch.zeros_like(k), m, [k_placement])
+        with torch.no_grad():
+            apply_rope_qk(qd, kd, *tables(), layout="half", positions=pos, out=(q_out, k_out))
+        assert q_out.placements == (Shard(1),) and k_out.placements == (k_placement,)
+        torch.testing.assert_close(q_out.full_tensor(), rotated(q, pos, "half"), **TOL)
+        torch.testing.assert_close(k_out.full_tensor(), rotated(k, pos, "half"), **TOL)
+
+
+def case_dtensor_out_of_another_kind_is_named() -> None:
+    """Issue 43 item 15: a plain out= beside a DTensor x (and the reverse) got DTensor's
+    generic "mixed torch.Tensor and DTensor" message; it names out and x."""
+    import pytest
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    m = mesh()
+    x = torch.randn(B, H, N, D, dtype=F64)
+    xd = distribute_tensor(x, m, [Shard(1)])
+    cos, sin = tables()
+    with torch.no_grad():
+        with pytest.raises(TypeError, match=r"out is a plain torch.Tensor but x is a DTensor; "
+                                            r"pass out of x's kind"):
+            apply_rope(xd, cos, sin, out=torch.zeros_like(x))
+        with pytest.raises(TypeError, match=r"out is a DTensor but x is a plain torch.Tensor"):
+            apply_rope(x, cos, sin, out=torch.zeros_like(xd))
+        with pytest.raises(TypeError, match=r"k_out is a plain torch.Tensor but k is a DTensor"):
+            apply_rope_qk(xd, xd, cos, sin, out=(torch.zeros_like(xd), torch.zeros_like(x)))
+
+
 def case_dtensor_over_sequence_gets_its_rows() -> None:
     """Also with the positions a DTensor sharded like x (the operator gets them whole)."""
     from torch.distributed.tensor import Shard, distribute_tensor

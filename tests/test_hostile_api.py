@@ -488,3 +488,147 @@ def test_item15_apply_rope_qk_converts_the_tables_once(monkeypatch):
     assert len(seen) == 2 and seen[0] == seen[1]
     close(q_rot, expected(q, range(5), 16, "half"))
     close(k_rot, expected(k, range(5), 16, "half"))
+
+
+# Item 4: backend_status tells what the next call does, for every device and setting ------------
+
+SETTINGS = [  # (ROPELIB_BACKEND, compiled loop enabled, device, dtype)
+    (None, True, "cpu", torch.float32), (None, True, "cpu", torch.float16),
+    (None, False, "cpu", torch.float32), (None, True, "meta", torch.float32),
+    ("native", True, "cpu", torch.float32), ("native", False, "cpu", torch.float32),
+    ("native", True, "cpu", torch.float16), ("eager", True, "cpu", torch.bfloat16),
+    ("triton", True, "cpu", torch.float32), ("triton", True, "cpu", torch.float64),
+    ("fast", True, "cpu", torch.float32),
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[str(s) for s in SETTINGS])
+def test_item4_backend_status_says_what_a_call_does(setting, monkeypatch):
+    """With ROPELIB_BACKEND=native and the loop unavailable, or an unknown backend, every
+    call raised while backend_status reported eager; native_status reported native under
+    ROPELIB_BACKEND=eager. The status is compared with what a call does: which backend's
+    run() is entered (seen by a spy on each), or that it raises."""
+    pytest.importorskip("triton")
+    from ropelib import backend_status, eager, native, native_status, triton_rope
+
+    forced, enabled, device, dtype = setting
+    if forced:
+        monkeypatch.setenv("ROPELIB_BACKEND", forced)
+    else:
+        monkeypatch.delenv("ROPELIB_BACKEND", raising=False)
+    monkeypatch.setattr(native, "_enabled", enabled)
+    ran = []
+    for name, module in (("native", native), ("eager", eager), ("triton", triton_rope)):
+        monkeypatch.setattr(module, "run", lambda *a, _n=name, _r=module.run: (
+            ran.append(_n), _r(*a))[1])
+    x = torch.randn(1, 2, 5, 8).to(device=device, dtype=dtype)
+    cos, sin = (t.to(device) for t in generate_rope_embeddings(5, 8))
+    try:
+        apply_rope(x, cos, sin)
+        did = ran[0]
+    except ValueError as error:
+        assert "ROPELIB_BACKEND" in str(error)
+        did = None
+    status = backend_status(device, dtype)
+    assert status.backend == did, status
+    if did is None:
+        assert "raises" in status.reason
+    if device == "cpu" and dtype == torch.float32:  # native_status speaks of a usual call
+        assert native_status().path == did, native_status()
+
+
+def test_item4_a_device_this_build_cannot_use_is_reported_not_raised(monkeypatch):
+    """backend_status("cuda") on a CPU-only build raised an AssertionError."""
+    from ropelib import backend_status
+
+    monkeypatch.delenv("ROPELIB_BACKEND", raising=False)
+    if torch.cuda.is_available():
+        assert backend_status("cuda").backend == "triton"
+    else:
+        status = backend_status("cuda")
+        assert status.backend is None and "torch.cuda.is_available() is False" in status.reason
+
+
+# Item 11: torch.func under a forced backend ----------------------------------------------------
+
+@pytest.mark.parametrize("forced_name, dtype", [("native", torch.float16),
+                                                ("triton", torch.float64)])
+def test_item11_a_forced_backend_that_declines_refuses_under_torch_func(monkeypatch,
+                                                                        forced_name, dtype):
+    """Under ROPELIB_BACKEND=native (float16) or triton (float64) the plain call raises; vmap
+    and jvp ran PyTorch operations silently. They now raise the same refusal; a forced
+    backend that takes the dtype lets the transform run (its rotation is PyTorch operations,
+    as documented), and the numbers are the float64 formula's."""
+    if forced_name == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("ROPELIB_BACKEND", forced_name)
+    x = torch.randn(3, 2, 5, 8).to(dtype)
+    cos, sin = generate_rope_embeddings(5, 8)
+    refusal = f"ROPELIB_BACKEND={forced_name} cannot rotate this call: the "
+    with pytest.raises(ValueError, match=refusal):
+        apply_rope(x, cos, sin)
+    with pytest.raises(ValueError, match=refusal + ".*torch.func"):
+        torch.func.vmap(lambda t: apply_rope(t, cos, sin))(x)
+    with pytest.raises(ValueError, match=refusal + ".*torch.func"):
+        torch.func.jvp(lambda t: apply_rope(t, cos, sin), (x,), (torch.ones_like(x),))
+    with pytest.raises(ValueError, match=refusal + ".*torch.func"):
+        torch.func.vmap(lambda t: apply_rope_qk(t, t, cos, sin)[0])(x)
+    y = x.float()
+    batched = torch.func.vmap(lambda t: apply_rope(t, cos, sin))(y)
+    close(batched, expected(y, range(5), 8, "interleaved"))
+
+
+def test_item15_no_write_into_an_inference_tensor_outside_inference_mode(forced):
+    """PyTorch refuses in-place updates to inference tensors outside inference mode; the C
+    loop (and Triton) wrote into them anyway. Every backend refuses, with the name of the
+    destination, and leaves it as it was; inside inference mode the write is made."""
+    cos, sin = generate_rope_embeddings(5, 16)
+    with torch.inference_mode():
+        x = torch.randn(2, 4, 5, 16)
+        k = torch.randn(2, 2, 5, 16)
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        x.mul_(1.0)  # PyTorch's own rule
+    source = x.clone()
+    with pytest.raises(ValueError, match=r"out is an inference tensor .*outside inference "
+                                         r"mode"):
+        apply_rope(x, cos, sin, out=x)
+    with pytest.raises(ValueError, match=r"q_out is an inference tensor"):
+        apply_rope_qk(x, k, cos, sin, inplace=True)
+    with pytest.raises(ValueError, match=r"out is an inference tensor"):
+        torch.ops.ropelib.rotate_out(torch.randn(2, 4, 5, 16), cos, sin, "half", 16, x)
+    assert torch.equal(x, source)
+    with torch.inference_mode():
+        apply_rope(x, cos, sin, out=x, layout="half")
+    close(x, expected(source, range(5), 16, "half"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_item15_a_coordinate_outside_the_table_in_a_direct_operator_call(forced, layout):
+    """A direct operator call with a coordinate outside the table gave NaN rows (Triton), a
+    ValueError (native) or an IndexError (eager). On the CPU every backend now refuses it
+    with one ValueError naming the range; the backends themselves (what runs on a GPU,
+    where nothing is read back) turn its rows to NaN and read nothing."""
+    from ropelib import eager, kernels
+
+    x = torch.randn(3, 2, 5, 16)
+    cos, sin = generate_rope_embeddings(40, 16)
+    positions = torch.randint(0, 40, (3, 5))
+    coordinates = positions[:, None, :, None].clone()
+    coordinates[1, 0, 2, 0] = 40
+    coordinates[2, 0, 0, 0] = -1
+    refusal = (r"positions must be in \[0, 40\) \(the table's rows\) and axes in \[0, 1\) "
+               r"\(the coordinates\), got positions in \[-1, 40\]")
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.ropelib.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    with pytest.raises(ValueError, match=refusal):
+        kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    out = torch.zeros_like(x)
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.ropelib.rotate_out(x, cos, sin, layout, 16, out, coordinates, None)
+    if forced == "eager":  # the eager backend's own behaviour, as the Triton kernel's
+        poisoned = eager.run([x], [None], cos, sin, layout, 16, False, coordinates, None)[0]
+        assert poisoned[1, :, 2].isnan().all() and poisoned[2, :, 0].isnan().all()
+        poisoned[1, :, 2] = poisoned[2, :, 0] = 0
+        want = expected(x, positions[:, None], 16, layout)
+        want[1, :, 2] = want[2, :, 0] = 0
+        close(poisoned, want)

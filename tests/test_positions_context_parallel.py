@@ -6,6 +6,7 @@ process group is in test_distributed.py."""
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import pytest
 import torch
@@ -71,6 +72,68 @@ def test_rank_rotation_equals_rows_of_unsplit_rotation():
     assert not torch.allclose(apply_rope(x[..., tokens, :], cos, sin), full[..., tokens, :])
 
 
+# Packed documents split one by one (issue 43, item 13) -------------------------------------------
+
+@pytest.mark.parametrize(("lengths", "world_size"), [([4, 8, 4], 2), ([6, 12, 24, 6], 3),
+                                                     ([16], 4), ([2, 2], 1)])
+def test_per_document_split_equals_pytorch_per_document_balancer(lengths, world_size):
+    """PyTorch's ``_PerDocumentHeadTailLoadBalancer`` lists, for each document and each rank,
+    the rank's head chunk and tail chunk (2R chunks a document): rank r's tokens are those
+    pairs, document by document. Positions are the tokens' offsets in their documents."""
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _PerDocumentHeadTailLoadBalancer,
+    )
+
+    order = _PerDocumentHeadTailLoadBalancer([lengths], world_size, "cpu")._generate_indices()[0]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    starts = cu[:-1].repeat_interleave(torch.tensor(lengths))  # each token's document start
+    for rank in range(world_size):
+        tokens, at = [], 0
+        for length in lengths:
+            pair = 2 * (length // (2 * world_size))  # head and tail chunk of this rank
+            tokens.append(order[at + rank * pair: at + (rank + 1) * pair])
+            at += length
+        tokens = torch.cat(tokens).long()
+        got = positions_for_context_parallel(sum(lengths), world_size, rank, cu_seqlens=cu,
+                                             per_document=True)
+        assert torch.equal(got, tokens - starts[tokens])
+
+
+def test_per_document_split_of_pytorch_docstring_example():
+    """The example drawn in ``_PerDocumentHeadTailLoadBalancer``'s docstring: documents of 4,
+    8 and 4 tokens on 2 ranks; rank 0's queries are tokens 0, 3, 4, 5, 10, 11, 12, 15."""
+    cu = torch.tensor([0, 4, 12, 16])
+    rank0 = positions_for_context_parallel(16, 2, 0, cu_seqlens=cu, per_document=True)
+    assert rank0.tolist() == [0, 3, 0, 1, 6, 7, 0, 3]
+    rank1 = positions_for_context_parallel(16, 2, 1, cu_seqlens=cu, per_document=True)
+    assert rank1.tolist() == [1, 2, 2, 3, 4, 5, 1, 2]  # tokens 1, 2, 6..9, 13, 14
+    contiguous = positions_for_context_parallel(16, 2, 1, cu_seqlens=cu, per_document=True,
+                                                load_balance=False)
+    assert contiguous.tolist() == [2, 3, 4, 5, 6, 7, 2, 3]  # the second half of each
+    # the default split is over the packed sequence (PyTorch's default balancer)
+    assert positions_for_context_parallel(16, 2, 0, cu_seqlens=cu).tolist() == [
+        0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_per_document_rotation_equals_each_documents_rotation():
+    """q of packed documents rotated on each rank with these positions: the rank's rows of
+    each document rotated whole, from its own position 0 (float64)."""
+    lengths = [8, 4, 12]
+    cu = torch.tensor([0, 8, 12, 24])
+    x = torch.randn(1, 2, 24, 8, dtype=torch.float64)
+    cos, sin = generate_rope_embeddings(12, 8, dtype=torch.float64)
+    whole = torch.cat([apply_rope(part, cos, sin) for part in x.split(lengths, dim=-2)], -2)
+    covered = []
+    for rank in range(2):
+        mine = positions_for_context_parallel(24, 2, rank, cu_seqlens=cu, per_document=True)
+        tokens = torch.cat([cu[d] + mine_d for d, mine_d in enumerate(
+            mine.split([length // 2 for length in lengths]))])
+        covered += tokens.tolist()
+        torch.testing.assert_close(apply_rope(x[..., tokens, :], cos, sin, positions=mine),
+                                   whole[..., tokens, :], rtol=0, atol=1e-12)
+    assert sorted(covered) == list(range(24))
+
+
 ERRORS = {
     "uneven load-balanced": (
         dict(seq_len=10, world_size=2, rank=0), ValueError,
@@ -96,6 +159,15 @@ ERRORS = {
                             r"cu_seqlens must end at seq_len=8 .*got cu_seqlens\[-1\]=6"),
     "bad cu_seqlens": (dict(seq_len=8, world_size=2, rank=0, cu_seqlens=torch.tensor([1, 8])),
                        ValueError, r"cu_seqlens must start at 0"),
+    "per document without documents": (
+        dict(seq_len=8, world_size=2, rank=0, per_document=True), ValueError,
+        r"per_document=True splits each packed document on its own: pass cu_seqlens"),
+    "documents of other lengths": (
+        dict(seq_len=12, world_size=2, rank=0, per_document=True,
+             cu_seqlens=torch.tensor([0, 6, 12])), ValueError,
+        r"but document 0 has 6 tokens; pad each document to a multiple of 4"),
+    "per document not a bool": (dict(seq_len=8, world_size=2, rank=0, per_document=1),
+                                TypeError, r"per_document must be a bool, got int"),
 }
 
 

@@ -279,7 +279,8 @@ def test_query_and_key_arguments_are_checked():
 def test_rows_read_through_positions_in_the_kernel(device, layout):
     """One coordinate per token (the GPU path of positions=, and of a 0-d offset tensor):
     the kernel reads each token's table row itself; a coordinate outside the table turns
-    that token's rows to NaN and reads nothing (the callers assert the range as well)."""
+    that token's rows to NaN and reads nothing (the callers assert the range as well; on
+    the CPU the operator refuses it with a ValueError, issue 43 item 15)."""
     x = torch.randn(3, 2, 5, 16, device=device)
     cos, sin = generate_rope_embeddings(40, 16, device=device)
     positions = torch.randint(0, 40, (3, 5))
@@ -290,7 +291,12 @@ def test_rows_read_through_positions_in_the_kernel(device, layout):
     close(inverse, x.cpu().to(F64), torch.float32)
     coordinates[1, 0, 2, 0] = 40
     coordinates[2, 0, 0, 0] = -1
-    poisoned = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None).cpu()
+    if device.type == "cpu":  # the operator refuses them there, before any backend runs
+        with pytest.raises(ValueError, match=r"positions must be in \[0, 40\)"):
+            kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
+    # the kernel itself (what runs on a GPU, where nothing is read back to check them)
+    poisoned = triton_rope.run([x], [None], cos, sin, layout, 16, False, coordinates,
+                               None)[0].cpu()
     assert poisoned[1, :, 2].isnan().all() and poisoned[2, :, 0].isnan().all()
     poisoned[1, :, 2] = poisoned[2, :, 0] = 0
     expected = reference(x, positions[:, None, :], 16, layout)
