@@ -25,7 +25,7 @@ from .positions import (
     positions_from_cu_seqlens,
     positions_from_padding_mask,
 )
-from .rotation import apply_rope, apply_rope_qk
+from .rotation import apply_rope, apply_rope_qk, apply_rope_qk_to_cache
 from .scaling import scaled_frequencies
 from .tables import RotaryEmbedding, generate_rope_embeddings, rope_frequencies
 
@@ -38,6 +38,7 @@ __all__ = [
     "StandardAttentionWithRoPE",
     "apply_rope",
     "apply_rope_qk",
+    "apply_rope_qk_to_cache",
     "axis_frequencies",
     "axis_tables",
     "backend_status",

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._checks import (
     as_int,
@@ -21,7 +22,13 @@ from ._checks import (
 )
 from .masks import prepare_mask
 from .multiaxis import hf_positions_hint
-from .rotation import SHORT_TABLE_MODES, apply_rope, apply_rope_qk, check_offset
+from .rotation import (
+    SHORT_TABLE_MODES,
+    apply_rope,
+    apply_rope_qk,
+    apply_rope_qk_to_cache,
+    check_offset,
+)
 from .scaling import layer_parameters, rotated_dim
 from .tables import RotaryEmbedding
 
@@ -330,6 +337,21 @@ class KVCache:
             buffer.index_copy_(2, slots, new)
         return self._key_buffer, self._value_buffer
 
+    def _step_buffers(self, key: torch.Tensor, value: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffers a ``write`` of these keys and values writes into in place, made at the
+        first call as ``write`` makes them (by a write of no slot), for a step that writes
+        them itself (``apply_rope_qk_to_cache``); None where ``write`` would not write in
+        place: while autograd records, or for buffers made in inference mode outside it."""
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            return None
+        if self._key_buffer is None:
+            self._write(key[..., :0, :], value[..., :0, :],
+                        torch.empty(0, dtype=torch.int64, device=key.device))
+        if not self._written or not self._writable(self.capacity):
+            return None
+        return self._key_buffer, self._value_buffer
+
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep the rows ``beam_idx`` ``(new_batch,)`` of the cache, in that order: row r of
         the new cache is row ``beam_idx[r]`` of the old one, keys, values, positions and next
@@ -540,6 +562,8 @@ class StandardAttentionWithRoPE(nn.Module):
         elif self.rotary.frequencies is not None and (positions is not None
                                                       or key_positions is not None):
             return self._rotate_axes(q, k, positions, key_positions, offset)
+        elif self._tables_cover(positions, key_positions, end, q):
+            cos, sin = self.rotary.cos_cached, self.rotary.sin_cached  # a slice of them, below
         elif tracing() or (q.device.type != "cpu" and not self.rotary.dynamic and (
                 positions is not None or key_positions is not None)):
             # no host read of the positions: under a compiler, and on a GPU (no wait for it,
@@ -560,6 +584,19 @@ class StandardAttentionWithRoPE(nn.Module):
         k = apply_rope(k, cos, sin, positions=key_positions,
                        offset=offset if key_positions is None else 0, **kw)
         return q, k
+
+    def _tables_cover(self, positions, key_positions, end, q) -> bool:
+        """Whether a graph of ``torch.compile`` or ``torch.export`` may slice the module's
+        cached tables for the positions ``offset .. end - 1`` (none given): fixed
+        frequencies, and tables on q's device known at trace time to cover ``end`` (no
+        guard is added on a symbolic length; ``torch.jit.trace``, which records no guard,
+        computes its rows). The rows are then a view of the tables instead of an arange,
+        float64 angles, cos, sin and a cast in the graph at every call."""
+        if not torch.compiler.is_compiling() or positions is not None or (
+                key_positions is not None or self.rotary.dynamic):
+            return False
+        cached = self.rotary.cos_cached
+        return cached.device == q.device and statically_known_true(end <= cached.shape[0])
 
     def _rotate_traced(self, q, k, positions, key_positions, offset, end):
         """``_rotate`` without reading the positions on the host (under a compiler or
@@ -761,21 +798,27 @@ class StandardAttentionWithRoPE(nn.Module):
         q = self._split_heads(self.q_proj(query), self.num_heads)
         k = self._split_heads(self.k_proj(key), self.num_kv_heads)
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
-        if positions is None:  # one coordinate each for one-axis frequencies (k = 1)
-            one_axis = rope_embeddings is None and self.rotary is not None and (
-                self.rotary.frequencies is not None)
-            if offset is None:
+        derived = positions is None
+        if derived and offset is not None:
+            start = check_offset(offset)
+            positions = steps + (start.to(q.device) if isinstance(start, torch.Tensor)
+                                 else start)
+        fused = None if key_positions is not None else self._rotate_into_cache(
+            q, k, v, rope_embeddings, positions, kv_cache, cache_position)
+        if fused is not None:
+            q, k, v = fused
+        else:
+            if positions is None:
                 positions = slots
-            else:
-                start = check_offset(offset)
-                positions = steps + (start.to(q.device) if isinstance(start, torch.Tensor)
-                                     else start)
-            positions = positions[:, None] if one_axis else positions
-        positions = check_int_tensor("positions", positions)
-        key_positions = positions if key_positions is None else check_int_tensor(
-            "key_positions", key_positions)
-        q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, 0, n)
-        k, v = kv_cache._write(k, v, slots)
+            if derived:  # one coordinate each for one-axis frequencies (k = 1)
+                one_axis = rope_embeddings is None and self.rotary is not None and (
+                    self.rotary.frequencies is not None)
+                positions = positions[:, None] if one_axis else positions
+            positions = check_int_tensor("positions", positions)
+            key_positions = positions if key_positions is None else check_int_tensor(
+                "key_positions", key_positions)
+            q, k = self._rotate(q, k, rope_embeddings, positions, key_positions, 0, n)
+            k, v = kv_cache._write(k, v, slots)
         visible = torch.arange(k.shape[-2], device=q.device) <= slots[:, None]  # (n, capacity)
         if attn_mask is None:
             mask = visible
@@ -784,6 +827,41 @@ class StandardAttentionWithRoPE(nn.Module):
         else:
             mask = attn_mask.masked_fill(~visible, float("-inf"))
         return self._attend(q, k, v, mask, False, return_attn)
+
+    def _rotate_into_cache(self, q, k, v, rope_embeddings, positions, kv_cache,
+                           cache_position):
+        """A ``cache_position`` step's rotation and cache write in one pass
+        (``apply_rope_qk_to_cache``: on a GPU one launch, which rotates k straight into its
+        slots): ``(q rotated, key buffer, value buffer)``, or None where the step takes the
+        rotation then ``KVCache.write`` (under a compiler or autograd, without RoPE, for
+        multi-axis frequencies). The rows: the module's tables, which cover the cache's
+        capacity, read at the slots; for given positions, gathered from tables grown to
+        them on the CPU, computed on the device elsewhere (``RotaryEmbedding.traced_rows``:
+        any position, nothing read back)."""
+        own = rope_embeddings is None
+        if tracing() or (own and (self.rotary is None or self.rotary.frequencies is not None)):
+            return None
+        buffers = kv_cache._step_buffers(k, v)
+        if buffers is None:
+            return None
+        if positions is not None:
+            positions = check_int_tensor("positions", positions)
+        if not own:
+            cos, sin = rope_embeddings
+        elif positions is None:
+            cos, sin = self.rotary.tables(buffers[0].shape[-2], q.device)
+        elif q.device.type == "cpu":
+            self._refuse_negative(positions, positions)
+            cos, sin = self.rotary.tables(int(positions.max()) + 1 if positions.numel() else 0,
+                                          q.device)
+        else:
+            cos, sin = self.rotary.traced_rows(traced_nonnegative(positions.to(q.device)), None)
+            cos, sin = (t.reshape((-1, 1) + tuple(t.shape[-2:])) for t in (cos, sin))
+            positions = None
+        q = apply_rope_qk_to_cache(q, k, v, cos, sin, *buffers, cache_position,
+                                   layout=self.layout, positions=positions,
+                                   rotary_dim=self.rotary_dim, short_table=self.short_table)
+        return (q, *buffers)
 
     def _check_step_mask(self, attn_mask, batch: int, new: int, capacity: int) -> None:
         """A ``cache_position`` step's mask has one column per cache slot: it must broadcast

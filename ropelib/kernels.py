@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import check_coordinates, check_rotation_operands
+from ._checks import check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -103,26 +103,27 @@ def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
-           axes: torch.Tensor | None = None) -> torch.Tensor:
+           axes: torch.Tensor | None = None, pending: Pending | None = None) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new contiguous
-    tensor (arguments as there)."""
+    tensor (arguments as there; ``pending``: see ``Pending``)."""
     if plain_call(x, cos, sin, *_given(positions, axes)):
-        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
+        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
+                            pending)
     return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
-                                            positions, axes)
+                                            settle(x, cos, positions, axes, pending), axes)
 
 
 def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
-               axes: torch.Tensor | None = None) -> None:
+               axes: torch.Tensor | None = None, pending: Pending | None = None) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
-    bumped like any in-place write's (arguments as there)."""
+    bumped like any in-place write's (arguments as there; ``pending``: see ``Pending``)."""
     if plain_call(x, cos, sin, out, *_given(positions, axes)):
-        _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
+        _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes, pending)
         torch.autograd.graph.increment_version(out)
     else:
-        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out, positions,
-                                             axes)
+        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out,
+                                             settle(x, cos, positions, axes, pending), axes)
 
 
 @torch.library.custom_op("ropelib::rotate_qk", mutates_args=())
@@ -176,33 +177,37 @@ def _rotate_qk_out_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               layout: str, rotary_dim: int, inverse: bool = False,
-              positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ropelib::rotate_qk`` (arguments as there)."""
+              positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
+              pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``Pending``)."""
     if plain_call(q, k, cos, sin, *_given(positions, axes)):
         q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
-                                   positions, axes)
+                                   positions, axes, pending)
         return q_out, k_out
     return torch.ops.ropelib.rotate_qk.default(q, k, cos, sin, layout, rotary_dim, inverse,
-                                               positions, axes)
+                                               settle(q, cos, positions, axes, pending), axes)
 
 
 def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
-                  ) -> None:
-    """``ropelib::rotate_qk_out``: both destinations' version counters are bumped."""
+                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
+                  pending: Pending | None = None) -> None:
+    """``ropelib::rotate_qk_out``: both destinations' version counters are bumped
+    (``pending``: see ``Pending``)."""
     if plain_call(q, k, cos, sin, q_out, k_out, *_given(positions, axes)):
-        _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes)
+        _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes,
+                        pending)
         torch.autograd.graph.increment_version((q_out, k_out))
     else:
         torch.ops.ropelib.rotate_qk_out.default(q, k, cos, sin, layout, rotary_dim, q_out,
-                                                k_out, positions, axes)
+                                                k_out, settle(q, cos, positions, axes, pending),
+                                                axes)
 
 
 def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                    positions: torch.Tensor | None, axes: torch.Tensor | None) -> None:
+                    positions: torch.Tensor | None, axes: torch.Tensor | None,
+                    pending: Pending | None = None) -> None:
     """``run_backend`` of q and k into their destinations, after checking that no
     destination overwrites what the other rotation still reads or writes."""
     check_out_memory(q, q_out, cos, sin, "q_out", "q")
@@ -214,7 +219,51 @@ def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
         if _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b):
             raise ValueError(f"{name} shares memory with {other}; rotating q and k together "
                              "needs destinations apart from the other tensor")
-    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes)
+    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
+                pending)
+
+
+def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor, layout: str, rotary_dim: int, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, slot: torch.Tensor,
+                    positions: torch.Tensor | None = None, pending: Pending | None = None
+                    ) -> torch.Tensor:
+    """A decode step's rotation and cache write: q rotated into a new tensor, k rotated into
+    ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into ``value_cache`` there.
+
+    q, k and v are ``(..., heads, n, head_dim)`` (k and v with the caches' heads), the caches
+    ``(..., kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor; rows or
+    positions as for ``rotate_qk`` (shared by q and k). Eager, where the Triton kernel takes
+    the call (a GPU, or ``ROPELIB_BACKEND=triton``), it is one launch that reads the slot on
+    the device and asserts its range there; on the CPU the slot is read (checked first
+    by ``ropelib.rotation.apply_rope_qk_to_cache``), then k is rotated straight into its
+    slots (one pass) and v copied; under a compiler or autograd the rotation is followed by
+    ``index_copy_`` into the caches.
+    """
+    n, capacity = q.shape[-2], key_cache.shape[-2]
+    if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, *_given(positions)):
+        backend = backend_for([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
+                              positions)
+        if backend.NAME == "triton":
+            q_rot = backend.run_cache(q, k, v, key_cache, value_cache, slot, cos, sin, layout,
+                                      rotary_dim, positions, None, pending)
+            torch.autograd.graph.increment_version((key_cache, value_cache))
+            return q_rot
+    positions = settle(q, cos, positions, None, pending)
+    if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
+        start = int(slot)
+        q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
+        rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
+                      key_cache[..., start:start + n, :], positions)
+        value_cache[..., start:start + n, :].copy_(v)
+        return q_rot
+    slots = slot.reshape(()) + torch.arange(n, device=slot.device)
+    torch._assert_async(((slots >= 0) & (slots < capacity)).all(),
+                        "cache_position + row must be in [0, capacity) of the KV cache")
+    q_rot, k_rot = rotate_qk(q, k, cos, sin, layout, rotary_dim, False, positions)
+    key_cache.index_copy_(-2, slots, k_rot)
+    value_cache.index_copy_(-2, slots, v)
+    return q_rot
 
 
 def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -244,10 +293,10 @@ def plain_tensor(t: torch.Tensor) -> bool:
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None) -> None:
+                 axes: torch.Tensor | None, pending: Pending | None = None) -> None:
     """``rotate_plain`` into ``out`` after ``check_out_memory``."""
     check_out_memory(x, out, cos, sin)
-    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes)
+    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, pending)
 
 
 def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
@@ -338,24 +387,69 @@ def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) ->
 
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor | None, inverse: bool,
-                 positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+                 positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
+                 pending: Pending | None = None) -> torch.Tensor:
     """The operators' implementation for one tensor: ``run_backend`` of ``[x]``."""
-    return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes)[0]
+    return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       pending)[0]
 
 
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
-                axes: torch.Tensor | None = None) -> list[torch.Tensor]:
+                axes: torch.Tensor | None = None, pending: Pending | None = None
+                ) -> list[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
     and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
     directly only for plain tensors in eager mode (``plain_call``); arguments as for
-    ``ropelib::rotate``."""
+    ``ropelib::rotate``. Coordinates still ``pending`` go to the Triton kernel as they are
+    (it checks them in its one launch); for another backend ``settle`` checks them first."""
     backend = backend_for(xs, outs, cos, sin, rotary_dim, positions)
+    if pending is not None:
+        if backend.NAME == "triton":
+            return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions,
+                               axes, pending=pending)
+        positions = settle(xs[0], cos, positions, axes, pending)
     if positions is not None and xs[0].device.type == "cpu" and backend is not native:
         check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
+
+
+class Pending(NamedTuple):
+    """Coordinates handed on by a call that reads no value on the host (a GPU call in eager
+    mode): their range is still to be checked (against the tables' rows, and axes against
+    the coordinates per token), and ``clamp``: clamped to the last row first
+    (``short_table="repeat_last"``). ``step``: the coordinates are a 0-d offset (shaped as
+    ones, x's number of dims) and row s of x sits at offset + s. The Triton kernel does all
+    of it in its one launch (a device-side assertion that names what is out of range);
+    ``settle`` does it with PyTorch operations for any other route."""
+
+    clamp: bool
+    step: bool
+
+
+def settle(x: torch.Tensor, cos: torch.Tensor, positions: torch.Tensor | None,
+           axes: torch.Tensor | None, pending: Pending | None) -> torch.Tensor | None:
+    """``Pending`` coordinates made plain with PyTorch operations on their device (no value
+    read back): the rows of a 0-d offset spelled out, their range asserted on the device,
+    clamped for ``clamp``; coordinates with nothing pending are returned as they are."""
+    if pending is None:
+        return positions
+    seq, table_len = x.shape[-2], cos.shape[0]
+    if pending.step:
+        rows = positions.reshape(()) + torch.arange(seq, device=positions.device)
+        positions = rows.reshape((1,) * (x.ndim - 2) + (seq, 1))
+    if axes is not None:
+        k = positions.shape[-1]
+        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+    within = positions >= 0
+    if pending.clamp:
+        positions = positions.clamp_max(table_len - 1)
+    else:
+        within &= positions < table_len
+    torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table length "
+                        "(rows 0 .. table_len - 1)")
+    return positions
 
 
 def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],

@@ -88,19 +88,23 @@ def apply_rope(
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
-    cos, sin, coordinates, axes = _rows(x, cos, sin, positions, offset, rd, short_table, axes)
+    cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
+                                                 short_table, axes)
     if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
+        coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
         kernels.check_forced_under_transform(x)
+        coordinates = kernels.settle(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(x, cos, sin):
-            return _eager_rotation(x, cos, sin, layout, rd, False, coordinates, axes)
-        return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes)
-    kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes)
+            return _eager_rotation(x, cos, sin, layout, rd, False,
+                                   kernels.settle(x, cos, coordinates, axes, pending), axes)
+        return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
+    kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
     return out
 
 
@@ -150,46 +154,145 @@ def apply_rope_qk(
             raise TypeError(f"out must be a pair (q_out, k_out), got {type(out).__name__}")
         for name, t, x_name in (("q_out", out[0], "q"), ("k_out", out[1], "k")):
             _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
-    cos, sin, coordinates, axes = _rows(q, cos, sin, positions, offset, rd, short_table, axes)
+    cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
+                                                 short_table, axes)
     if type(q) is not torch.Tensor:
+        coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
     if _transformed():
         kernels.check_forced_under_transform(q)
+        coordinates = kernels.settle(q, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in (q, k)]
         if out is None:
             return rotated[0], rotated[1]
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
-        return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes)
-    kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes)
+        return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
+    kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes,
+                          pending)
     return out[0], out[1]
+
+
+def apply_rope_qk_to_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, cache_position: torch.Tensor, *,
+    layout: Layout = "interleaved", positions: torch.Tensor | None = None,
+    rotary_dim: int | None = None, short_table: Literal["raise", "repeat_last"] = "raise",
+) -> torch.Tensor:
+    """One decode step's RoPE and KV-cache write: q rotated, k rotated straight into its
+    cache slots ``cache_position + 0 .. n - 1`` and v copied into the same slots.
+
+    On a GPU in eager mode this is one launch of the Triton kernel: the rotated key never
+    makes a round trip through memory, and ``cache_position`` and the positions are read on
+    the device (their range asserted there), so the step can be captured in a CUDA graph.
+    On the CPU the compiled loop rotates k straight into its slots and v is copied (one pass
+    over each); compiled or traced, or under autograd, the rotation is followed by
+    ``index_copy_`` into the caches.
+
+    Args:
+        q: ``(..., heads_q, n, head_dim)``.
+        k, v: ``(..., heads_k, n, head_dim)``: q's shape but for the heads, q's dtype and
+            device.
+        cos, sin, layout, rotary_dim, short_table: as for ``apply_rope`` (gathered rows
+            broadcast to q and k).
+        key_cache, value_cache: ``(..., heads_k, capacity, head_dim)``, k's dtype and device.
+        cache_position: the slot of the first new token, a 0-d integer tensor.
+        positions: ``(n,)`` or ``(batch, n)``; default (2-D tables) the slots
+            ``cache_position + 0 .. n - 1``.
+
+    Returns:
+        q rotated, a new contiguous tensor; the caches are written in place.
+
+    Raises:
+        ValueError: before anything is written, for arguments of the wrong shape, dtype or
+            device, and (where they are on the host) slots outside the capacity or positions
+            outside the table.
+    """
+    rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
+    for name, t in (("k", k), ("v", v)):
+        check_float_tensor(name, t)
+        if (t.ndim != q.ndim or q.ndim < 3 or t.shape[:-3] != q.shape[:-3]
+                or t.shape[-2:] != q.shape[-2:] or t.dtype != q.dtype or t.device != q.device):
+            raise ValueError(f"{name} must have q's shape but for the heads dim (-3), q's dtype "
+                             f"and device: q is {tuple(q.shape)} {q.dtype} on {q.device}, got "
+                             f"{name} {tuple(t.shape)} {t.dtype} on {t.device}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not isinstance(cache, torch.Tensor) or cache.ndim != k.ndim or (
+                cache.shape[:-2] != k.shape[:-2] or cache.shape[-1] != k.shape[-1]
+                or cache.dtype != k.dtype or cache.device != k.device):
+            seen = (f"{tuple(cache.shape)} {cache.dtype} on {cache.device}"
+                    if isinstance(cache, torch.Tensor) else type(cache).__name__)
+            raise ValueError(f"{name} must be (..., heads_k, capacity, head_dim) = "
+                             f"{tuple(k.shape[:-2])} + (capacity, {k.shape[-1]}) in k's dtype "
+                             f"{k.dtype} on {k.device}, got {seen}")
+    slot = check_int_tensor("cache_position", cache_position)
+    if slot.numel() != 1:
+        raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), got "
+                         f"shape {tuple(slot.shape)}")
+    slot = slot.reshape(())
+    start = slot  # read here where it lives on the host, else checked on the device
+    if not (tracing() or _on_device(slot)):
+        start, n, capacity = int(slot), k.shape[-2], key_cache.shape[-2]
+        if not 0 <= start <= capacity - n:
+            raise ValueError(f"cache_position {start} and {n} new tokens must fit the KV "
+                             f"cache's {capacity} slots: cache_position in [0, {capacity - n}]")
+    offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
+    cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
+                                              None)
+    return kernels.rotate_qk_cache(q, k, v, cos, sin, layout, rd, key_cache, value_cache, slot,
+                                   coordinates, pending)
 
 
 def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           positions: torch.Tensor | None, offset: int, rd: int, short_table: str,
           axes: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                 torch.Tensor | None]:
-    """(cos, sin, coordinates, axes) for the operator: the rows of x's positions (a view or
-    a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates, which
-    the kernel reads the rows through."""
+                                 torch.Tensor | None, kernels.Pending | None]:
+    """(cos, sin, coordinates, axes, pending) for the operator: the rows of x's positions (a
+    view or a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates,
+    which the kernel reads the rows through. On a device in eager mode, positions and a 0-d
+    offset tensor go on as coordinates whose range is still ``pending`` (checked where the
+    rotation runs, in the Triton kernel's one launch: no operation of their own)."""
+    deferred = _on_device(x) and not tracing()
     if axes is not None:
         if cos.ndim != 2:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
                              f"given here are already gathered (shape {tuple(cos.shape)})")
-        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table)
-        return cos, sin, coordinates, axes
+        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table,
+                                        deferred)
+        return cos, sin, coordinates, axes, _pending(cos, short_table, deferred, False)
     if cos.ndim == 2:
         if positions is None and isinstance(offset, torch.Tensor):  # an offset on the device
+            if deferred:
+                return (cos, sin, offset.reshape((1,) * x.ndim), None,
+                        _pending(cos, short_table, True, True))
             positions, offset = offset + torch.arange(x.shape[-2], device=offset.device), 0
-        if positions is not None and x.device.type != "cpu" and not tracing():
-            return cos, sin, _device_coordinates(positions, x, offset, cos, short_table), None
+        if positions is not None and deferred:
+            return (cos, sin, _device_coordinates(positions, x, offset, cos), None,
+                    _pending(cos, short_table, True, False))
         cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
     elif positions is not None or _given(offset):
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
-    return cos, sin, None, None
+    return cos, sin, None, None, None
+
+
+def _on_device(x: torch.Tensor) -> bool:
+    """Whether x's values live off the host, where reading one would wait for the device:
+    then positions are not read but handed on (``_rows``)."""
+    return x.device.type != "cpu"
+
+
+def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
+             ) -> kernels.Pending | None:
+    """What deferred coordinates leave to the rotation (``kernels.Pending``); None when
+    they were checked here."""
+    if not deferred:
+        return None
+    return kernels.Pending(short_table == "repeat_last" and cos.shape[0] > 0, step)
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -247,13 +350,12 @@ def check_offset(offset: object) -> int | torch.Tensor:
     is checked there."""
     if type(offset) is int and offset >= 0:
         return offset
-    if isinstance(offset, torch.Tensor) and offset.device.type != "cpu":
+    if isinstance(offset, torch.Tensor) and _on_device(offset):
         if offset.ndim or offset.is_floating_point() or offset.is_complex() or (
                 offset.dtype == torch.bool):
             raise ValueError(f"offset must be a non-negative int or a 0-d integer tensor, got "
                              f"a tensor of shape {tuple(offset.shape)} and dtype {offset.dtype}")
-        torch._assert_async(offset >= 0, "offset must be >= 0")
-        return offset.long()
+        return offset.long()  # its rows' range is checked where they are used (_rows)
     if isinstance(offset, torch.SymInt):  # a symbolic length under torch.compile / export
         torch._check(offset >= 0, lambda: "offset must be a non-negative int")
         return offset
@@ -340,11 +442,13 @@ def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
 
 
 def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, rd: int,
-                offset: int, cos: torch.Tensor, short_table: str
+                offset: int, cos: torch.Tensor, short_table: str, deferred: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-axis positions and the axis of each pair, checked, as int64 on the tables'
     device: positions shaped ``(1 or batch, 1, ..., seq, k)`` to broadcast against x's rows
-    (clamped to the table for ``short_table="repeat_last"``), axes ``(rd // 2,)``."""
+    (clamped to the table for ``short_table="repeat_last"``), axes ``(rd // 2,)``.
+    ``deferred``: the values of positions and axes are neither checked nor clamped here
+    (``kernels.Pending``: the rotation does it), only their shapes."""
     axes = check_int_tensor("axes", axes)
     if axes.shape != (rd // 2,):
         raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
@@ -365,13 +469,13 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
     k = positions.shape[-1]
-    if tracing() or positions.device.type != "cpu":  # no data-dependent branch, no wait
+    if tracing() or (_on_device(positions) and not deferred):  # no data-dependent branch
         torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
         positions = traced_nonnegative(positions)
         if short_table == "raise":
             torch._assert_async((positions < table_len).all(),
                                 "positions must be < the cos/sin table length")
-    else:
+    elif not deferred:
         bounds = [*torch.aminmax(axes)]
         if positions.numel():
             bounds += [t.to(axes.device) for t in torch.aminmax(positions)]
@@ -388,7 +492,7 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
                 raise ValueError(f"positions go up to {high} but the cos/sin table has only "
                                  f"{table_len} rows (positions 0..{table_len - 1}); generate "
                                  f"a longer table, e.g. RotaryEmbedding.tables({high + 1})")
-    if short_table == "repeat_last":
+    if short_table == "repeat_last" and not deferred:
         positions = positions.clamp_max(table_len - 1)
     lead = (1,) * (x.ndim - positions.ndim) if positions.ndim == 2 else (
         positions.shape[:1] + (1,) * (x.ndim - 3))
@@ -402,23 +506,22 @@ def _given(offset: int | torch.Tensor) -> bool:
 
 
 def _device_coordinates(positions: torch.Tensor, x: torch.Tensor, offset: int,
-                        cos: torch.Tensor, short_table: str) -> torch.Tensor:
+                        cos: torch.Tensor) -> torch.Tensor:
     """Positions ``(seq,)`` or ``(batch, seq)`` of x on a GPU as the operator's coordinates
     ``(1 or batch, 1, ..., seq, 1)``, which the kernel reads the table rows through (no
-    gather, nothing read back to the host: the range is asserted on the device)."""
-    positions = _check_positions(positions, x, offset, cos.shape[0], short_table)
+    gather, nothing read back to the host, their range still pending: ``_rows``)."""
+    positions = _check_positions(positions, x, offset, cos.shape[0], "raise", deferred=True)
     positions = positions.to(cos.device)
-    if short_table == "repeat_last":
-        positions = positions.clamp_max(cos.shape[0] - 1)
     lead = (1,) * (x.ndim - 2) if positions.ndim == 1 else (
         positions.shape[:1] + (1,) * (x.ndim - 3))
     return positions.reshape(lead + positions.shape[-1:] + (1,))
 
 
 def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
-                     short_table: str) -> torch.Tensor:
+                     short_table: str, deferred: bool = False) -> torch.Tensor:
     """positions as int64 (uint8 would index as a mask), after checking them: on the host
-    when they are there, else with assertions on their device (no wait for it)."""
+    when they are there, else with assertions on their device (no wait for it), or with
+    ``deferred`` (eager, on a device) only their shape (the rotation checks the values)."""
     positions = check_int_tensor("positions", positions)
     seq_len = x.shape[-2]
     ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
@@ -430,7 +533,9 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
     if _given(offset):
         raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
                          "add the offset to positions instead")
-    if tracing() or positions.device.type != "cpu":  # no data-dependent branch, no wait
+    if deferred:
+        return positions
+    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
         if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
             positions = traced_nonnegative(positions)
         within = positions >= 0

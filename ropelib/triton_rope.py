@@ -49,19 +49,30 @@ HEADS_PER_PROGRAM = 4
 MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
 
 
-def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
-          X2, O2, H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
-          COS, SIN, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
-          POS, p_b, p_s, p_k, AXES, TABLE_LEN, SEQ, HEADS_PER_PROGRAM: tl.constexpr,
-          ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-          BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr,
-          INVERSE: tl.constexpr, MODE: tl.constexpr, ROWS_PER_HEAD: tl.constexpr):
-    """Rotate heads [g * HEADS_PER_PROGRAM, ...) of the H1 + H2 heads (x1's, then x2's) at
-    tokens [t * BLOCK_S, ...) of batch entry b, for program (t, b, g).
+def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
+          H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
+          H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
+          H3, x3_b, x3_h, x3_s, o3_b, o3_h, o3_s,
+          c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i, p_b, p_s, p_k,
+          AXIS_COUNT, TABLE_LEN, SEQ, CAPACITY,
+          HEADS_PER_PROGRAM: tl.constexpr, ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr,
+          BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
+          BLOCK_D: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
+          MODE: tl.constexpr, ROWS_PER_HEAD: tl.constexpr, STEP: tl.constexpr,
+          CLAMP: tl.constexpr, CHECK: tl.constexpr, SLOTTED: tl.constexpr):
+    """Rotate heads [g * HEADS_PER_PROGRAM, ...) of the H1 + H2 heads (x1's, then x2's) and
+    copy those of x3 (H3 heads, BLOCK_D > 0), at tokens [t * BLOCK_S, ...) of batch entry b,
+    for program (t, b, g).
 
-    MODE 0: rows given (strides c_*, s_*); 1: one coordinate per token, POS[b, s]; 2: M-RoPE,
-    pair i reads coordinate AXES[i] of POS[b, s, :]. BLOCK_R > 0: copy channels ROTARY.. of
-    each head (the pass-through of a partial rotation).
+    MODE 0: rows given (strides c_*, s_*); 1: one coordinate per token, POS[b, s] (+ s with
+    STEP: POS is a 0-d offset); 2: M-RoPE, pair i reads coordinate AXES[i] of POS[b, s, :].
+    CLAMP: coordinates past the table read its last row. CHECK: coordinates outside the table
+    (and axes outside [0, AXIS_COUNT)) fail a device-side assertion that names them (a CUDA
+    kernel is compiled with debug on; Triton's interpreter runs no assertion unless its
+    options ask for it); their rows are NaN either way and read no memory. SLOTTED: x2 and x3
+    go to rows SLOT[0] + s of their destinations (a KV cache of CAPACITY rows), asserted to
+    lie inside it (no row outside is written). BLOCK_R > 0: copy channels ROTARY.. of each
+    rotated head (the pass-through of a partial rotation).
     """
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -78,13 +89,30 @@ def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
         row_mask = mask
     else:
         if MODE == 1:
-            coord = tl.load(POS + b * p_b + s64 * p_s, mask=rows, other=0)[:, None]
+            coord = tl.load(POS + b * p_b + s64 * p_s, mask=rows, other=0).to(tl.int64)
+            if STEP:
+                coord = coord + s64
+            coord = coord[:, None]
         else:
             axis = tl.load(AXES + i, mask=pairs, other=0).to(tl.int64)
+            axis_ok = (axis >= 0) & (axis < AXIS_COUNT)
+            if CHECK:
+                tl.device_assert(axis_ok | (pairs == 0),
+                                 "ropelib: axes must be in [0, k), k = positions.shape[-1]")
             coord = tl.load(POS + b * p_b + s64[:, None] * p_s + axis[None, :] * p_k,
-                            mask=mask, other=0)
-        coord = coord.to(tl.int64)
+                            mask=mask & axis_ok[None, :], other=-1).to(tl.int64)
+        if CLAMP:
+            coord = tl.minimum(coord, TABLE_LEN - 1)
         inside = (coord >= 0) & (coord < TABLE_LEN)
+        if CHECK:
+            if CLAMP:
+                tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0")
+            elif STEP:
+                tl.device_assert(inside | (mask == 0), "ropelib: offset + row must be >= 0 "
+                                 "and < the cos/sin table length")
+            else:
+                tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0 and "
+                                 "< the cos/sin table length")
         row_mask = mask & inside
         cos_at = COS + coord * c_s + i[None, :] * c_i
         sin_at = SIN + coord * s_s + i[None, :] * s_i
@@ -95,52 +123,94 @@ def _rope(X1, O1, H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
         sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
         if INVERSE:
             sin = -sin
+    if SLOTTED:
+        dest = tl.load(SLOT).to(tl.int64) + s64
+        in_cache = (dest >= 0) & (dest < CAPACITY)
+        tl.device_assert(in_cache | (rows == 0), "ropelib: cache_position + row must be in "
+                         "[0, capacity) of the KV cache")
     if BLOCK_R > 0:
         r = ROTARY + tl.arange(0, BLOCK_R)
-        rest_mask = rows[:, None] & (r < HEAD_DIM)[None, :]
+        rest = r < HEAD_DIM
+    if BLOCK_D > 0:
+        d = tl.arange(0, BLOCK_D)
+        channels = d < HEAD_DIM
     if not HALF:
         c = tl.arange(0, 2 * BLOCK_P)
-        pair_mask = rows[:, None] & (c < ROTARY)[None, :]
+        pair_channels = c < ROTARY
     first = g * HEADS_PER_PROGRAM
-    heads = H1 + H2
+    rotated = H1 + H2
     for j in tl.static_range(HEADS_PER_PROGRAM):  # unrolled: the heads' loads overlap
         head = first + j
-        live = s < tl.where(head < heads, SEQ, 0)  # this head's rows (none past the last)
-        live_mask = live[:, None] & pairs[None, :]
         second = head >= H1
-        h = tl.where(second, head - H1, head).to(tl.int64)
-        x_at = tl.where(second, X2 + b * x2_b + h * x2_h, X1 + b * x1_b + h * x1_h)
-        o_at = tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h)
-        x_at = x_at + s64[:, None] * tl.where(second, x2_s, x1_s)
-        o_at = o_at + s64[:, None] * tl.where(second, o2_s, o1_s)
+        third = head >= rotated
+        h = tl.where(third, head - rotated, tl.where(second, head - H1, head)).to(tl.int64)
+        x_at = tl.where(third, X3 + b * x3_b + h * x3_h,
+                        tl.where(second, X2 + b * x2_b + h * x2_h, X1 + b * x1_b + h * x1_h))
+        o_at = tl.where(third, O3 + b * o3_b + h * o3_h,
+                        tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h))
+        x_at = x_at + s64[:, None] * tl.where(third, x3_s, tl.where(second, x2_s, x1_s))
+        o_step = tl.where(third, o3_s, tl.where(second, o2_s, o1_s))
+        live = s < tl.where(head < rotated + H3, SEQ, 0)  # this head's rows (none past the last)
+        if SLOTTED:  # x2 and x3 into the cache's rows, and only inside it
+            o_at = o_at + tl.where(second, dest, s64)[:, None] * o_step
+            live = tl.where(second, live & in_cache, live)
+        else:
+            o_at = o_at + s64[:, None] * o_step
+        turn = tl.where(third, False, live)  # (a scalar & a vector is refused by the interpreter)
         if ROWS_PER_HEAD:
-            cos = tl.load(cos_at + h * c_h, mask=row_mask & live[:, None], other=0.0).to(tl.float32)
-            sin = tl.load(sin_at + h * s_h, mask=row_mask & live[:, None], other=0.0).to(tl.float32)
+            cos = tl.load(cos_at + h * c_h, mask=row_mask & turn[:, None],
+                          other=0.0).to(tl.float32)
+            sin = tl.load(sin_at + h * s_h, mask=row_mask & turn[:, None],
+                          other=0.0).to(tl.float32)
             if INVERSE:
                 sin = -sin
+        turn_mask = turn[:, None] & pairs[None, :]
         if HALF:
-            a = tl.load(x_at + i[None, :], mask=live_mask, other=0.0).to(tl.float32)
-            z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=live_mask,
+            a = tl.load(x_at + i[None, :], mask=turn_mask, other=0.0).to(tl.float32)
+            z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=turn_mask,
                         other=0.0).to(tl.float32)
         else:
-            tile = tl.load(x_at + c[None, :], mask=pair_mask & live[:, None], other=0.0).to(tl.float32)
+            both = turn[:, None] & pair_channels[None, :]
+            tile = tl.load(x_at + c[None, :], mask=both, other=0.0).to(tl.float32)
             a, z = tl.split(tl.reshape(tile, (BLOCK_S, BLOCK_P, 2)))
         a_new = a * cos - z * sin
         z_new = a * sin + z * cos
         if HALF:
-            tl.store(o_at + i[None, :], a_new.to(O1.dtype.element_ty), mask=live_mask)
+            tl.store(o_at + i[None, :], a_new.to(O1.dtype.element_ty), mask=turn_mask)
             tl.store(o_at + ROTARY // 2 + i[None, :], z_new.to(O1.dtype.element_ty),
-                     mask=live_mask)
+                     mask=turn_mask)
         else:
             tile = tl.reshape(tl.join(a_new, z_new), (BLOCK_S, 2 * BLOCK_P))
-            tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=pair_mask & live[:, None])
+            tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=both)
         if BLOCK_R > 0:
-            rest = tl.load(x_at + r[None, :], mask=rest_mask & live[:, None])
-            tl.store(o_at + r[None, :], rest, mask=rest_mask & live[:, None])
+            rest_mask = turn[:, None] & rest[None, :]
+            tl.store(o_at + r[None, :], tl.load(x_at + r[None, :], mask=rest_mask),
+                     mask=rest_mask)
+        if BLOCK_D > 0:  # x3: copied whole (the values of a cache step)
+            copy_mask = tl.where(third, live, False)[:, None] & channels[None, :]
+            tl.store(o_at + d[None, :], tl.load(x_at + d[None, :], mask=copy_mask),
+                     mask=copy_mask)
 
 
-_compiled = triton.jit(_rope)
+def _cuda_options() -> dict:
+    """Compile options of the CUDA kernel: debug on, so its device-side assertions run, and
+    Triton's integer overflow checks (which debug also turns on, where the installed Triton
+    has them) off: they would check every index computation."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return {}
+    return {"sanitize_overflow": False} if "sanitize_overflow" in getattr(
+        CUDAOptions, "__dataclass_fields__", {}) else {}
+
+
+_compiled = triton.jit(_rope, debug=True)
 _interpreted = InterpretedFunction(_rope)
+_CUDA_OPTIONS = _cuda_options()
+# Triton 3.4 and later launch a compiled kernel with every argument, constexprs included
+_RAW_LAUNCH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 4)
+_launchers: dict[tuple, object] = {}  # prepared launches, by shapes, strides, dtypes, alignment
+MAX_LAUNCHERS = 1024
 
 
 class Config(NamedTuple):
@@ -148,6 +218,16 @@ class Config(NamedTuple):
 
     block_s: int
     heads_per_program: int
+    num_warps: int
+
+
+class Launch(NamedTuple):
+    """One call's launch, worked out from its tensors' shapes, strides and dtypes: the grid,
+    the integer arguments in the kernel's order, its constexprs and warps."""
+
+    grid: tuple[int, int, int]
+    scalars: tuple[int, ...]
+    constexprs: tuple[tuple[str, object], ...]
     num_warps: int
 
 
@@ -163,34 +243,47 @@ class _Operand(NamedTuple):
 
 def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
-    """None when the kernel takes the call, else why not (a sentence)."""
+    """None when the kernel takes the call, else why not (a sentence); worked out once per
+    shapes, strides and dtypes (``_verdict``)."""
     x = xs[0]
     if not (x.is_cuda or x.is_cpu):
         return f"Triton runs on CUDA tensors (and on the CPU in its interpreter), got {x.device}"
-    for t in (*xs, *(o for o in outs if o is not None)):
-        if t.dtype not in DTYPES:
-            return f"the kernel takes {', '.join(map(str, DTYPES))}, got {t.dtype}"
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
+    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None))):
+        return "x and out must not be lazily negated or conjugated views"
+    return _verdict(tuple(_meta(t) for t in xs),
+                    tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
+                    _meta(sin), None if positions is None else _meta(positions))
+
+
+@functools.lru_cache(maxsize=512)
+def _verdict(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
+             ) -> str | None:
+    """``declines`` for tensors of these (shape, strides, dtype)."""
+    shape, dtype = xs[0][0], xs[0][2]
+    for t_shape, t_strides, t_dtype in (*xs, *(o for o in outs if o is not None)):
+        if t_dtype not in DTYPES:
+            return f"the kernel takes {', '.join(map(str, DTYPES))}, got {t_dtype}"
+        if t_shape[-1] > 1 and t_strides[-1] != 1:
             return "the channels of x and out must be contiguous (stride 1)"
-        if t.is_neg() or t.is_conj():
-            return "x and out must not be lazily negated or conjugated views"
-    if any(t.dtype != x.dtype for t in (*xs, *(o for o in outs if o is not None))):
-        return "q, k and their destinations must have one dtype"
-    leading = _leading(xs, outs, cos, sin, positions)
+        if t_dtype != dtype:
+            return "q, k and their destinations must have one dtype"
+    leading = _plan(tuple(m[:2] for m in xs), tuple(
+        (x if o is None else o)[:2] for x, o in zip(xs, outs, strict=True)), cos[:2], sin[:2],
+        None if positions is None else positions[:2])
     if leading is None:
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
                 "(rows vary) and a heads dim (rows shared)")
     if leading[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {leading[0]}"
-    if any(t.shape[:-3] != x.shape[:-3] or t.shape[-2:] != x.shape[-2:] for t in xs[1:]):
+    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
         return "q and k must have the same shape but for the heads dim (-3)"
     return None
 
 
 def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-           sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
-           positions: torch.Tensor | None, axes: torch.Tensor | None,
-           config: Config | None = None) -> list[torch.Tensor]:
+        sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
+        positions: torch.Tensor | None, axes: torch.Tensor | None,
+        config: Config | None = None, *, pending=None) -> list[torch.Tensor]:
     """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new contiguous
     tensor; x itself: in place), after ``declines`` returned None.
 
@@ -206,42 +299,132 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
             its rows; pair i reads coordinate ``axes[i]`` (``axes`` None: k is 1).
         axes: ``(rotary_dim // 2,)`` integers in ``[0, k)``, or None.
         config: the launch's tile shape; default ``choose_config``.
+        pending: ``ropelib.kernels.Pending`` of coordinates whose range nobody checked yet
+            (a GPU call reads no value on the host): the kernel checks them (and clamps
+            them to the table for ``pending.clamp``); with ``pending.step`` the coordinates
+            are a 0-d offset (any shape of ones) and row s is at offset + s.
 
     Returns:
         The destinations, in the order of ``xs``.
     """
     outs = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
             for x, o in zip(xs, outs, strict=True)]
-    batch, plan, table_strides, position_strides = _leading(xs, outs, cos, sin, positions)
-    operands = [_Operand(x, out, *p) for x, out, p in zip(xs, outs, plan, strict=True)]
-    x = xs[0]
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    heads = sum(op.heads for op in operands)
-    if not (heads and batch and seq and head_dim):
-        return outs
-    config = config or choose_config(batch, heads, seq, head_dim, x.is_cuda)
-    first, second = operands[0], operands[-1] if len(operands) > 1 else None
-    in_place = all(op.out.data_ptr() == op.x.data_ptr() for op in operands)
-    rest = head_dim - rotary_dim
-    mode = 0 if positions is None else (1 if axes is None else 2)
-    grid = (triton.cdiv(seq, config.block_s), batch,
-            triton.cdiv(heads, config.heads_per_program))
-    two = second or _Operand(first.x, first.out, 0, first.x_strides, first.out_strides)
-    kernel = _compiled if x.is_cuda else _interpreted
-    placeholder = cos  # an unused pointer argument (Triton wants a tensor there)
-    kernel[grid](
-        first.x, first.out, first.heads, *first.x_strides, *first.out_strides,
-        two.x, two.out, two.heads, *two.x_strides, *two.out_strides,
-        cos, sin, *table_strides,
-        placeholder if positions is None else positions, *position_strides,
-        placeholder if axes is None else axes, cos.shape[0], seq, config.heads_per_program,
-        ROTARY=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s,
-        BLOCK_P=_pow2(rotary_dim // 2),
-        BLOCK_R=0 if (in_place or not rest) else _pow2(rest),
-        HALF=layout == "half", INVERSE=inverse, MODE=mode,
-        ROWS_PER_HEAD=mode == 0 and bool(table_strides[1] or table_strides[5]),
-        num_warps=config.num_warps)
+    _rotate(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config, pending)
     return outs
+
+
+def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+              value_cache: torch.Tensor, slot: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor, layout: str, rotary_dim: int,
+              positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None
+              ) -> torch.Tensor:
+    """One launch of a decode step's rotation and cache write: q rotated into a new tensor,
+    k rotated straight into ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into
+    ``value_cache`` there (q, k and v ``(..., heads, n, head_dim)``, the caches ``(...,
+    kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor on the device, read by
+    the kernel). Rows or positions as for ``run`` (shared by q and k); ``declines`` must
+    have taken ``[q, k, v]`` with destinations ``[None, key_cache, value_cache]``.
+
+    Returns:
+        The rotated q.
+    """
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _rotate([q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim, False,
+            positions, axes, None, pending, slot)
+    return q_out
+
+
+def _rotate(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config, pending,
+            slot=None) -> None:
+    """``run`` into the given destinations; with ``slot``, the last x is copied (not
+    rotated) and the destinations of all but the first are written from row ``slot``."""
+    x = xs[0]
+    step = pending is not None and pending.step
+    launch = _prepare(
+        tuple(_meta(t) for t in xs), tuple(_meta(o) for o in outs), _meta(cos), _meta(sin),
+        None if positions is None else _meta(positions), layout, rotary_dim, inverse,
+        None if axes is None else axes.shape[0], step, pending is not None and pending.clamp,
+        pending is not None, slot is not None, outs[-1].shape[-2], x.is_cuda, config,
+        all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True)))
+    if launch is None:
+        return
+    two = xs[1] if len(xs) > 1 else x
+    three = xs[2] if slot is not None else x
+    placeholder = cos  # an unused pointer argument (Triton wants a tensor there)
+    tensors = (x, outs[0], two, outs[1] if len(xs) > 1 else outs[0], three, outs[-1], cos, sin,
+               placeholder if positions is None else positions,
+               placeholder if axes is None else axes, placeholder if slot is None else slot)
+    _launch(x, launch, tensors)
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.dtype
+
+
+@functools.lru_cache(maxsize=512)
+def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
+             layout: str, rotary_dim: int, inverse: bool, pairs_with_axes: int | None,
+             step: bool, clamp: bool, check: bool, slotted: bool, capacity: int, cuda: bool,
+             config: Config | None, in_place: bool) -> Launch | None:
+    """The launch of a call with tensors of these (shape, strides, dtype): every number the
+    kernel gets but its pointers, worked out once per shape (a launch's Python costs more than
+    the kernel of a decode step). None: nothing to do (an empty tensor)."""
+    def drop(meta):
+        return None if meta is None else meta[:2]
+
+    batch, plan, table_strides, position_strides = _plan(
+        tuple(m[:2] for m in xs), tuple(m[:2] for m in outs), cos[:2], sin[:2], drop(positions))
+    seq, head_dim = xs[0][0][-2], xs[0][0][-1]
+    heads = [p[0] for p in plan]
+    if not (sum(heads) and batch and seq and head_dim):
+        return None
+    config = config or choose_config(batch, sum(heads), seq, head_dim, cuda)
+    operands = [(heads_k, *x_strides, *out_strides) for heads_k, x_strides, out_strides in plan]
+    zero = (0,) * 7
+    one, two = operands[0], operands[1] if len(operands) > 1 else zero
+    three = operands[2] if slotted else zero
+    mode = 0 if positions is None else (1 if pairs_with_axes is None else 2)
+    rest = head_dim - rotary_dim
+    scalars = (*one, *two, *three, *table_strides, *position_strides,
+               positions[0][-1] if positions is not None else 1, cos[0][0], seq, capacity)
+    grid = (-(-seq // config.block_s), batch, -(-sum(heads) // config.heads_per_program))
+    constexprs = (
+        ("HEADS_PER_PROGRAM", config.heads_per_program), ("ROTARY", rotary_dim),
+        ("HEAD_DIM", head_dim), ("BLOCK_S", config.block_s),
+        ("BLOCK_P", _pow2(rotary_dim // 2)),
+        ("BLOCK_R", 0 if (in_place or not rest) else _pow2(rest)),
+        ("BLOCK_D", _pow2(head_dim) if slotted else 0), ("HALF", layout == "half"),
+        ("INVERSE", inverse), ("MODE", mode),
+        ("ROWS_PER_HEAD", mode == 0 and bool(table_strides[1] or table_strides[5])),
+        ("STEP", step), ("CLAMP", clamp), ("CHECK", check), ("SLOTTED", slotted))
+    return Launch(grid, scalars, constexprs, config.num_warps)
+
+
+def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
+    """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU through Triton's
+    JIT the first time a key is seen (it compiles and specializes), then straight through the
+    compiled kernel's launcher with the same arguments (the JIT's own argument binding costs
+    several microseconds a call). The key holds every value the kernel is specialized on: the
+    integers, the dtypes and whether each pointer is 16-byte aligned."""
+    grid, scalars, constexprs, num_warps = launch
+    if not x.is_cuda:
+        _interpreted[grid](*tensors, *scalars, **dict(constexprs))
+        return
+    device = torch.cuda.current_device()
+    key = (launch, device, *(t.dtype for t in tensors),
+           *(t.data_ptr() % 16 == 0 for t in tensors))
+    launcher = _launchers.get(key)
+    if launcher is not None:
+        launcher(*tensors, *scalars, *(value for _, value in constexprs),
+                 stream=triton.runtime.driver.active.get_current_stream(device))
+        return
+    kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
+                             **_CUDA_OPTIONS)
+    arguments = len(tensors) + len(scalars) + len(constexprs)
+    if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == arguments:
+        if len(_launchers) >= MAX_LAUNCHERS:
+            _launchers.clear()
+        _launchers[key] = kernel[grid]
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -> Config:
@@ -255,18 +438,6 @@ def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -
 
 def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
-def _leading(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-             sin: torch.Tensor, positions: torch.Tensor | None):
-    """``_plan`` of these tensors' shapes and strides (plain integers, kept for the shapes
-    seen recently: working it out costs more Python than the launch)."""
-    def meta(t: torch.Tensor | None) -> tuple | None:
-        return None if t is None else (tuple(t.shape), t.stride())
-
-    return _plan(tuple(meta(x) for x in xs), tuple(meta(o if o is not None else x)
-                                                    for x, o in zip(xs, outs, strict=True)),
-                 meta(cos), meta(sin), meta(positions))
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,246 @@
+"""What a call on a GPU issues, counted on the CPU (issue 44, items 1, 2 and 5).
+
+On a GPU every PyTorch operation is a launch of several microseconds, more than the
+rotation of a decode step costs. A CUDA call of ``apply_rope`` / ``apply_rope_qk`` with
+positions, a 0-d offset tensor or M-RoPE axes must issue exactly one launch of the Triton
+kernel and no other device operation: the range checks of the coordinates run inside that
+launch. Here CPU tensors take the route of CUDA tensors (``rotation._on_device`` says yes,
+``ROPELIB_BACKEND=triton``), the launch is stubbed and recorded, and a
+``TorchDispatchMode`` records every ATen operation the call makes; any operation but views
+and the allocation of the new outputs fails the test. The same route then runs through
+Triton's interpreter, against float64 references, and with the interpreter's device-side
+assertions on, bad coordinates fail with a message that names them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import angles, rope_by_pairs, thetas
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ropelib import apply_rope, apply_rope_qk, kernels, rotation
+from ropelib.tables import generate_rope_embeddings
+
+pytest.importorskip("triton")
+triton_rope = pytest.importorskip("ropelib.triton_rope")
+interpreter = pytest.importorskip("triton.runtime.interpreter")
+
+F64 = torch.float64
+ALLOCATIONS = {"empty_like", "empty", "empty_strided", "new_empty"}
+
+
+class Recorder(TorchDispatchMode):
+    """Every ATen operation run under it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[torch._ops.OpOverload] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+    def device_work(self) -> list[str]:
+        """The operations that would run on the device: all but views and allocations."""
+        return [str(op) for op in self.ops
+                if not op.is_view and op.overloadpacket.__name__ not in ALLOCATIONS]
+
+    def allocations(self) -> int:
+        return sum(op.overloadpacket.__name__ in ALLOCATIONS for op in self.ops)
+
+
+@pytest.fixture
+def device_route(monkeypatch):
+    """CPU tensors on the route of CUDA tensors: values not read on the host, the Triton
+    backend; the recorder does not count as a dispatch mode for ``plain_call`` (it stands
+    for nobody watching)."""
+    monkeypatch.setenv("ROPELIB_BACKEND", "triton")
+    monkeypatch.setattr(rotation, "_on_device", lambda t: True)
+    monkeypatch.setattr(kernels, "is_in_torch_dispatch_mode", lambda: False)
+
+
+@pytest.fixture
+def launches(device_route, monkeypatch):
+    """The stubbed launches, each's prepared ``Launch`` (no tensor kept: a reference held
+    here would make autograd copy a gradient it could otherwise take as it is)."""
+    calls = []
+    monkeypatch.setattr(triton_rope, "_launch", lambda x, launch, tensors: calls.append(launch))
+    return calls
+
+
+def decode_inputs():
+    cos, sin = generate_rope_embeddings(64, 16)
+    q, k = torch.randn(4, 8, 1, 16), torch.randn(4, 2, 1, 16)
+    return q, k, cos, sin
+
+
+CASES = {  # name: (call, new outputs, constexprs the launch must have)
+    "qk positions out=": (lambda q, k, c, s, p, o, a, m: apply_rope_qk(
+        q, k, c, s, layout="half", positions=p, out=(o[0], o[1])), 0, {"MODE": 1, "CHECK": True}),
+    "qk positions": (lambda q, k, c, s, p, o, a, m: apply_rope_qk(
+        q, k, c, s, positions=p), 2, {"MODE": 1, "CHECK": True}),
+    "qk in place": (lambda q, k, c, s, p, o, a, m: apply_rope_qk(
+        o[0], o[1], c, s, positions=p, inplace=True), 0, {"MODE": 1, "BLOCK_R": 0}),
+    "offset tensor": (lambda q, k, c, s, p, o, a, m: apply_rope(
+        q, c, s, offset=o[2]), 1, {"MODE": 1, "STEP": True, "CHECK": True}),
+    "repeat_last": (lambda q, k, c, s, p, o, a, m: apply_rope(
+        q, c, s, positions=p, short_table="repeat_last"), 1, {"CLAMP": True}),
+    "M-RoPE axes": (lambda q, k, c, s, p, o, a, m: apply_rope_qk(
+        q, k, c, s, layout="half", positions=m, axes=a), 2, {"MODE": 2, "CHECK": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_device_call_is_one_launch_and_nothing_else(launches, name):
+    """One launch per call, the range check inside it (CHECK), and no other operation: no
+    comparison, reduction, assertion, clamp or arange on the device, no host read."""
+    call, new, constexprs = CASES[name]
+    q, k, cos, sin = decode_inputs()
+    positions = torch.randint(0, 64, (4, 1))
+    outs = (torch.empty_like(q), torch.empty_like(k), torch.tensor(5))
+    axes, mrope = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), torch.randint(0, 64, (1, 3))
+    with Recorder() as recorder:
+        call(q, k, cos, sin, positions, outs, axes, mrope)
+    assert len(launches) == 1
+    assert recorder.device_work() == []
+    assert recorder.allocations() == new
+    assert dict(launches[0].constexprs).items() >= constexprs.items()
+
+
+@pytest.mark.parametrize("storage", ["(B, H, S, D)", "(B, S, H, D)"])
+def test_a_strided_view_takes_the_same_route(launches, storage):
+    """x as a (B, S, H, D) view costs nothing more than a contiguous x: one launch, no copy
+    of x or of the output, new output only where none is given (item 5)."""
+    cos, sin = generate_rope_embeddings(6, 16)
+    x = torch.randn(2, 3, 6, 16) if storage == "(B, H, S, D)" else torch.randn(
+        2, 6, 3, 16).transpose(1, 2)
+    buffer, work = torch.empty_like(x), x.clone()
+    for call, new in ((lambda: apply_rope(x, cos, sin, layout="half"), 1),
+                      (lambda: apply_rope(x, cos, sin, layout="half", out=buffer), 0),
+                      (lambda: apply_rope(work, cos, sin, layout="half", out=work), 0)):
+        launches.clear()
+        with Recorder() as recorder:
+            call()
+        assert len(launches) == 1 and recorder.device_work() == []
+        assert recorder.allocations() == new
+
+
+def test_the_backward_is_one_launch_of_the_inverse_rotation(launches):
+    """Training: the backward of apply_rope is one launch (INVERSE) into one new gradient
+    buffer, no table gradient and no copy (item 2); the forward, one launch too."""
+    x = torch.randn(2, 4, 5, 16, requires_grad=True)
+    cos, sin = generate_rope_embeddings(5, 16)
+    grad = torch.randn(2, 4, 5, 16)
+    with Recorder() as forward:
+        y = apply_rope(x, cos, sin, layout="half")
+    with Recorder() as backward:
+        y.backward(grad)
+    assert [dict(launch.constexprs)["INVERSE"] for launch in launches] == [False, True]
+    for recorder in (forward, backward):
+        assert recorder.device_work() == [] and recorder.allocations() == 1
+    assert cos.grad is None and sin.grad is None
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_the_device_route_equals_float64(device_route, layout):
+    """The same calls through Triton's interpreter: positions, a 0-d offset tensor (row s at
+    offset + s), repeat_last (clamped in the kernel) and M-RoPE, each against the float64
+    rotation; and their gradient, the inverse rotation."""
+    q, k, cos, sin = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16), *(
+        generate_rope_embeddings(12, 16))
+    positions = torch.randint(0, 12, (2, 5))
+
+    def want(x, p):
+        return rope_by_pairs(x, angles(p, thetas(16)), layout)
+
+    tol = {"rtol": 2e-6, "atol": 2e-6}
+    q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions)
+    torch.testing.assert_close(q_rot.to(F64), want(q, positions[:, None]), **tol)
+    torch.testing.assert_close(k_rot.to(F64), want(k, positions[:, None]), **tol)
+    torch.testing.assert_close(apply_rope(q, cos, sin, layout=layout, offset=torch.tensor(7))
+                               .to(F64), want(q, torch.arange(7, 12)), **tol)
+    past = torch.tensor([3, 11, 12, 40, 0])  # 12 and 40 read the last row, 11
+    torch.testing.assert_close(
+        apply_rope(q, cos, sin, layout=layout, positions=past, short_table="repeat_last")
+        .to(F64), want(q, past.clamp_max(11)), **tol)
+    axes = torch.tensor([0, 1, 1, 2, 0, 1, 2, 2])
+    mrope = torch.randint(0, 12, (5, 3))
+    table = mrope.to(F64)[:, axes] * thetas(16)  # (seq, pairs): pair i at coordinate axes[i]
+    torch.testing.assert_close(apply_rope(q, cos, sin, layout=layout, positions=mrope,
+                                          axes=axes).to(F64), rope_by_pairs(q, table, layout),
+                               **tol)
+    x = q.clone().requires_grad_()
+    apply_rope(x, cos, sin, layout=layout, offset=torch.tensor(2)).backward(k.repeat(1, 2, 1, 1))
+    torch.testing.assert_close(x.grad.to(F64), rope_by_pairs(
+        k.repeat(1, 2, 1, 1), -angles(torch.arange(2, 7), thetas(16)), layout), **tol)
+
+
+@pytest.mark.parametrize("backend", ["native", "eager"])
+def test_other_backends_settle_the_pending_coordinates(device_route, monkeypatch, backend):
+    """A backend other than the kernel gets the coordinates made plain first (the rows of
+    an offset spelled out, clamped, their range asserted with PyTorch operations)."""
+    monkeypatch.setenv("ROPELIB_BACKEND", backend)
+    cos, sin = generate_rope_embeddings(12, 16)
+    q = torch.randn(2, 4, 5, 16)
+    torch.testing.assert_close(
+        apply_rope(q, cos, sin, offset=torch.tensor(7)).to(F64),
+        rope_by_pairs(q, angles(torch.arange(7, 12), thetas(16))), rtol=2e-6, atol=2e-6)
+    past = torch.tensor([3, 11, 12, 40, 0])
+    torch.testing.assert_close(
+        apply_rope(q, cos, sin, positions=past, short_table="repeat_last").to(F64),
+        rope_by_pairs(q, angles(past.clamp_max(11), thetas(16))), rtol=2e-6, atol=2e-6)
+    with pytest.raises(RuntimeError, match="positions must be >= 0 and < the cos/sin table"):
+        apply_rope(q, cos, sin, offset=torch.tensor(8))
+
+
+@pytest.fixture
+def assertions_on(device_route, monkeypatch):
+    """Triton's interpreter with its device-side assertions on (as the CUDA kernel is
+    compiled): a failed one raises, with the kernel's message."""
+    monkeypatch.setattr(interpreter.interpreter_builder, "options",
+                        interpreter.InterpreterOptions(debug=True, sanitize_overflow=False))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda q, c, s: apply_rope(q, c, s, positions=torch.tensor([0, 1, 12, 3, 4])),
+     "positions must be >= 0 and < the cos/sin table length"),
+    (lambda q, c, s: apply_rope(q, c, s, positions=torch.tensor([0, -1, 2, 3, 4]),
+                                short_table="repeat_last"), "positions must be >= 0"),
+    (lambda q, c, s: apply_rope(q, c, s, offset=torch.tensor(8)),
+     "offset \\+ row must be >= 0 and < the cos/sin table length"),
+    (lambda q, c, s: apply_rope(q, c, s, positions=torch.zeros(5, 2, dtype=torch.long),
+                                axes=torch.tensor([0, 1, 2, 0, 1, 0, 1, 0])),
+     "axes must be in \\[0, k\\)"),
+], ids=["past the table", "negative, repeat_last", "offset past the table", "axis"])
+def test_the_kernel_names_what_is_out_of_range(assertions_on, call, message):
+    """The range checks left to the kernel fail by name (on a GPU: a device-side assertion
+    with this message, then an error at the next synchronization)."""
+    cos, sin = generate_rope_embeddings(12, 16)
+    with pytest.raises(interpreter.InterpreterError, match=message):
+        call(torch.randn(2, 4, 5, 16), cos, sin)
+
+
+def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
+    """torch.compile of the attention module without positions (a prefill, item 3): the
+    graph holds the rotation operator on a slice of the module's tables, and no arange, no
+    float64 angles, cos or sin (which the graph computed at every call before, while the
+    eager module sliced the same tables); its output equals the eager module's."""
+    from ropelib import StandardAttentionWithRoPE
+
+    module = StandardAttentionWithRoPE(64, 4, num_kv_heads=2, bias=False, layout="half").eval()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(1, 32, 64)
+    with torch.no_grad():
+        compiled = torch.compile(module, backend=capture, fullgraph=True)(x, x, x,
+                                                                          is_causal=True)
+        torch.testing.assert_close(compiled, module(x, x, x, is_causal=True))
+    code = graphs[0].code
+    assert code.count("torch.ops.ropelib.rotate_qk.default") == 1
+    for computed in ("arange", "torch.cos", "torch.sin", "float64"):
+        assert computed not in code, computed
