@@ -109,9 +109,10 @@ def test_a_reserved_capacity_never_grows_and_reuses_one_buffer():
 
 def test_buffers_are_reused_between_growths():
     cache = KVCache()
-    storages = []
+    storages, keys = [], []
     for _ in range(100):
         key, _ = cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+        keys.append(key)  # keeps every buffer alive, so no address is handed out twice
         storages.append(key.untyped_storage().data_ptr())
     distinct = list(dict.fromkeys(storages))
     assert len(distinct) == 1 + math.ceil(math.log2(100))  # capacities 1, 2, 4, ..., 128
