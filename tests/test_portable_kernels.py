@@ -17,7 +17,8 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+             "TORCHINDUCTOR_CACHE_DIR")
 TRAINS = ("torch.optim", "train(", "train_variant(", "run_experiment(", "lstsq(")
 
 
@@ -34,7 +35,8 @@ def test_nbval_starts_a_chapters_kernel_with_portable_kernels_unless_it_times_co
     trained = ("import os, torch\n"
                "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT'\n"
                "assert os.environ['MKL_ENABLE_INSTRUCTIONS'] == 'AVX2'\n"
-               "assert os.environ['ONEDNN_MAX_CPU_ISA'] == 'AVX2'\n")
+               "assert os.environ['ONEDNN_MAX_CPU_ISA'] == 'AVX2'\n"
+               "assert 'portable' in os.environ['TORCHINDUCTOR_CACHE_DIR']\n")
     timed = ("import os\n"
              "from ropelib.book.timing import time_call\n"
              f"assert not any(name in os.environ for name in {VARIABLES!r})\n")
