@@ -51,7 +51,7 @@ TUNED = {"block_s": 16, "heads_per_program": 4, "num_warps": 8}
 program, warps), fixed before any run of the step kernels."""
 SWEEP = {"block_s": (16, 32), "heads_per_program": (2, 4, 8), "num_warps": (4, 8)}
 STEP3 = "step 3: tables once per block"
-STEP4 = "step 4: tile sweep"
+STEP4 = "step 4: tuned launch"
 CASES = ("copy_", "step 1: tables per head", "step 2: stride-2 loads",
          "step 2: rows split in registers", STEP3, STEP4, "q and k: copy_ both",
          "q and k: one launch", "q and k: two launches", "backward: step 3 with -theta",

@@ -15,6 +15,7 @@ The data are measured or traced elsewhere; these functions only draw and format.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -76,9 +77,11 @@ def draw_step_ratios(ax: Axes, points: Sequence, *, steps: Sequence[str]) -> Non
         axis.set_major_formatter(lambda v, _pos: f"{v:g}")
     ax.set_xlabel("predicted: bytes asked for / bytes of a copy")
     ax.set_ylabel("measured: time / time of copy_")
-    ax.text(right / 1.02, right / 1.06, "time = bytes at\nthe copy's rate", ha="right",
-            va="top", fontsize="small", color="0.3")
-    ax.text(right / 1.02, 0.97, "copy_", ha="right", va="top", fontsize="small", color="0.4")
+    at = math.sqrt(right * 1.5) if right > 1.6 else math.sqrt(right)
+    ax.text(at, at / 1.04, "time = bytes at\nthe copy's rate", ha="left", va="top",
+            fontsize="small", color="0.3")
+    ax.text(right / 1.02, 1.01, "copy_", ha="right", va="bottom", fontsize="small",
+            color="0.4")
     handles = [Line2D([], [], color=colours[s], lw=3, label=s) for s in steps
                if any(p.step == s for p in points)]
     handles += [Line2D([], [], marker=m, color="0.3", linestyle="none", label=d)
@@ -91,7 +94,8 @@ def draw_step_ratios(ax: Axes, points: Sequence, *, steps: Sequence[str]) -> Non
 
 
 def draw_program_tile(ax_x: Axes, ax_table: Axes, owner: torch.Tensor, selected: int,
-                      table_rows: torch.Tensor, heads_q: int, *, title: str = "") -> None:
+                      table_rows: torch.Tensor, heads_q: int, *, title: str = "",
+                      labels: Sequence[str] | None = None) -> None:
     """One program's tile among all programs' tiles, tokens along x in both panels.
 
     Args:
@@ -103,6 +107,8 @@ def draw_program_tile(ax_x: Axes, ax_table: Axes, owner: torch.Tensor, selected:
         table_rows: ``(seq, pairs)`` bools: the table entries the selected program read.
         heads_q: how many of the heads are q's (the rest are k's).
         title: the upper panel's title.
+        labels: a label per program (indexed by the values of ``owner``), written in the
+            middle of its tile; None for none.
     """
     owner = torch.as_tensor(owner)
     table_rows = torch.as_tensor(table_rows)
@@ -126,6 +132,10 @@ def draw_program_tile(ax_x: Axes, ax_table: Axes, owner: torch.Tensor, selected:
                                  cols.max() - cols.min() + 1, rows.max() - rows.min() + 1,
                                  fill=False, lw=2.5 if value == selected else 0.8,
                                  edgecolor="black" if value == selected else "0.45"))
+        if labels is not None:
+            ax_x.text((cols.min() + cols.max()) / 2, (rows.min() + rows.max()) / 2,
+                      labels[value], ha="center", va="center", fontsize="small",
+                      color="white" if value == selected else "0.2")
     ax_x.axhline(heads_q - 0.5, color="black", lw=1.5)
     ax_x.set_yticks(range(heads), [f"q{h}" if h < heads_q else f"k{h - heads_q}"
                                    for h in range(heads)])
@@ -137,6 +147,7 @@ def draw_program_tile(ax_x: Axes, ax_table: Axes, owner: torch.Tensor, selected:
                     vmax=1, aspect="auto", interpolation="nearest")
     ax_table.set_ylabel("pair i")
     ax_table.set_xlabel("token")
+    ax_table.set_title("cos table: the entries it reads (sin alike)")
     pairs = table_rows.shape[1]
     ax_table.set_yticks([0, pairs - 1], ["0", str(pairs - 1)])
     for ax in (ax_x, ax_table):
