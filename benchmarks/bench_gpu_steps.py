@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA GPU here: use --dry-run to check the script on the CPU")
-    log = (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     if args.dry_run:
         run = gpu_runs.measure("cpu", log=log, **DRY_RUN)
     else:

@@ -37,7 +37,7 @@ TABLE_BYTES = 4
 """Bytes of one table entry: cos and sin are float32 whatever x's dtype."""
 
 
-def kernel_per_head(X, O, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
+def kernel_per_head(X, OUT, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
                     BLOCK_S: tl.constexpr):
     """Step 1, half layout: program (t, r) rotates tokens t * BLOCK_S, ...
     of row r = b * heads + h of x, reading these tokens' cos/sin rows."""
@@ -53,13 +53,13 @@ def kernel_per_head(X, O, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
     a = tl.load(X + row + i[None, :], mask=mask).to(tl.float32)
     b = tl.load(X + row + HEAD_DIM // 2 + i[None, :], mask=mask)
     b = b.to(tl.float32)
-    a_new = (a * cos - b * sin).to(O.dtype.element_ty)
-    b_new = (a * sin + b * cos).to(O.dtype.element_ty)
-    tl.store(O + row + i[None, :], a_new, mask=mask)
-    tl.store(O + row + HEAD_DIM // 2 + i[None, :], b_new, mask=mask)
+    a_new = (a * cos - b * sin).to(OUT.dtype.element_ty)
+    b_new = (a * sin + b * cos).to(OUT.dtype.element_ty)
+    tl.store(OUT + row + i[None, :], a_new, mask=mask)
+    tl.store(OUT + row + HEAD_DIM // 2 + i[None, :], b_new, mask=mask)
 
 
-def kernel_interleaved(X, O, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
+def kernel_interleaved(X, OUT, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
                        BLOCK_S: tl.constexpr, STRIDED: tl.constexpr):
     """Step 2, interleaved layout (pair i: channels 2i and 2i + 1), one
     program per block of tokens of one head as in step 1. STRIDED: load a
@@ -81,14 +81,14 @@ def kernel_interleaved(X, O, COS, SIN, SEQ, HEAD_DIM: tl.constexpr,
     else:
         pairs = tl.load(X + row + c[None, :], mask=mask).to(tl.float32)
         a, b = tl.split(tl.reshape(pairs, (BLOCK_S, HEAD_DIM // 2, 2)))
-    a_new = (a * cos - b * sin).to(O.dtype.element_ty)
-    b_new = (a * sin + b * cos).to(O.dtype.element_ty)
+    a_new = (a * cos - b * sin).to(OUT.dtype.element_ty)
+    b_new = (a * sin + b * cos).to(OUT.dtype.element_ty)
     if STRIDED:
-        tl.store(O + row + 2 * i[None, :], a_new, mask=mask)
-        tl.store(O + row + 2 * i[None, :] + 1, b_new, mask=mask)
+        tl.store(OUT + row + 2 * i[None, :], a_new, mask=mask)
+        tl.store(OUT + row + 2 * i[None, :] + 1, b_new, mask=mask)
     else:
         rows = tl.reshape(tl.join(a_new, b_new), (BLOCK_S, HEAD_DIM))
-        tl.store(O + row + c[None, :], rows, mask=mask)
+        tl.store(OUT + row + c[None, :], rows, mask=mask)
 
 
 def kernel_blocks(Q, K, QO, KO, COS, SIN, HQ, HK, SEQ, TABLE_B,
