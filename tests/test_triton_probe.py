@@ -64,7 +64,7 @@ def test_ptx_counts_scalar_loads_for_stride_2_and_vectors_for_split_rows():
     """bfloat16, 16 tokens x 128 channels a program, 4 warps: 16 elements of x per thread;
     stride 2 loads them one at a time (2 bytes), split rows in 2 loads of 16 bytes; the
     float32 table block (2 x 16 x 64) is 4 loads of 16 bytes per thread in both."""
-    signature = {"X": "*bf16", "O": "*bf16", "COS": "*fp32", "SIN": "*fp32", "SEQ": "i32"}
+    signature = {"X": "*bf16", "OUT": "*bf16", "COS": "*fp32", "SIN": "*fp32", "SEQ": "i32"}
     counts = {s: triton_probe.ptx_loads(gpu_steps.COMPILED["kernel_interleaved"], signature,
                                         {"HEAD_DIM": 128, "BLOCK_S": 16, "STRIDED": s})
               for s in (True, False)}
@@ -72,8 +72,13 @@ def test_ptx_counts_scalar_loads_for_stride_2_and_vectors_for_split_rows():
     assert counts[False] == {"ld.global.v4.b32": 6, "st.global.v4.b32": 2}
 
 
-def test_ptx_loads_names_a_missing_argument():
+def test_ptx_loads_names_a_missing_or_unknown_argument():
     with pytest.raises(ValueError, match="missing .*SEQ"):
         triton_probe.ptx_loads(gpu_steps.COMPILED["kernel_per_head"],
-                               {"X": "*bf16", "O": "*bf16", "COS": "*fp32", "SIN": "*fp32"},
+                               {"X": "*bf16", "OUT": "*bf16", "COS": "*fp32", "SIN": "*fp32"},
+                               {"HEAD_DIM": 128, "BLOCK_S": 16})
+    with pytest.raises(ValueError, match=r"unknown \['O'\]"):
+        triton_probe.ptx_loads(gpu_steps.COMPILED["kernel_per_head"],
+                               {"X": "*bf16", "O": "*bf16", "OUT": "*bf16", "COS": "*fp32",
+                                "SIN": "*fp32", "SEQ": "i32"},
                                {"HEAD_DIM": 128, "BLOCK_S": 16})

@@ -143,9 +143,11 @@ def ptx_loads(kernel, signature: dict[str, str], constants: dict[str, object], *
 
     names = list(kernel.arg_names)
     missing = [n for n in names if n not in signature and n not in constants]
-    if missing:
-        raise ValueError(f"signature or constants must give every argument of "
-                         f"{kernel.__name__}; missing {missing}")
+    unknown = [n for n in (*signature, *constants) if n not in names]
+    if missing or unknown:
+        raise ValueError(f"signature and constants must give exactly the arguments of "
+                         f"{kernel.__name__} ({', '.join(names)}); missing {missing}, "
+                         f"unknown {unknown}")
     full = {n: signature.get(n, "constexpr") for n in names}
     aligned = {(names.index(n),): [["tt.divisibility", 16]]
                for n, kind in signature.items() if kind.startswith("*")}
