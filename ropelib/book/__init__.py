@@ -6,6 +6,11 @@
 - ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``.
 - ``ropelib.book.timing``: a call timer and log-log fits.
 - ``ropelib.book.layer``: a Llama-style decoder layer whose parts chapter 11 times.
+- ``ropelib.book.gpu_steps``: chapter 15's GPU kernel written step by step (Triton);
+  ``ropelib.book.triton_probe``: its memory trace in Triton's interpreter and its PTX load
+  counts; ``ropelib.book.gpu_runs``: its GPU timings, live, stored (with the kernels' source
+  hash) or from the H200 runs made before it existed; ``ropelib.book.capture``: the host reads
+  that stop a CUDA graph capture.
 
 ``import ropelib`` does not import this package; the core never imports it.
 """

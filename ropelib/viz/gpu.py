@@ -1,0 +1,176 @@
+"""Chapter 15's figures and tables: the steps of a GPU kernel against their byte budget, and
+one program's tile.
+
+- ``draw_step_ratios``: each step's measured time (in copies) against the time its traffic
+  predicts at the copy's rate (also in copies). On the diagonal the bytes explain the time;
+  above it something else costs time; below it some of the bytes came from a cache.
+- ``draw_program_tile``: which (head, token) rows of q and k one program of a kernel wrote,
+  among the rows of every other program, and which rows of the tables it read (from a trace
+  of the kernel in Triton's interpreter, ``ropelib.book.triton_probe``).
+- ``ratio_table_html``: rows of text and numbers as an HTML table (no pandas).
+
+The data are measured or traced elsewhere; these functions only draw and format.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FixedLocator, NullLocator
+
+__all__ = ["draw_program_tile", "draw_step_ratios", "ratio_table_html"]
+
+DTYPE_MARKERS = {"bfloat16": "o", "float32": "s"}
+LAYOUT_SHIFT = {"half": 1 / 1.02, "interleaved": 1.02}
+
+
+def draw_step_ratios(ax: Axes, points: Sequence, *, steps: Sequence[str]) -> None:
+    """Measured time against predicted time, both in copies, log-log.
+
+    Args:
+        ax: the axes.
+        points: objects with ``step``, ``dtype`` ("bfloat16" or "float32"), ``layout``
+            ("half" or "interleaved"), ``predicted`` (the traffic in copies), ``measured``
+            (the ratios measured over the launches timed) and ``shown`` (the ratio drawn as
+            the point); the range of ``measured`` is drawn as a vertical bar.
+        steps: the step names in the legend's order (every point's step among them).
+    """
+    if not points:
+        raise ValueError("points is empty: nothing to draw")
+    unknown = {p.step for p in points} - set(steps)
+    if unknown:
+        raise ValueError(f"points of steps not in steps: {sorted(unknown)}")
+    colours = {step: f"C{i}" for i, step in enumerate(steps)}
+    for p in points:
+        if p.dtype not in DTYPE_MARKERS or p.layout not in LAYOUT_SHIFT:
+            raise ValueError(f"dtype must be one of {list(DTYPE_MARKERS)} and layout one of "
+                             f"{list(LAYOUT_SHIFT)}, got {p.dtype!r}, {p.layout!r}")
+        x = p.predicted * LAYOUT_SHIFT[p.layout]
+        low, high = min(p.measured), max(p.measured)
+        colour = colours[p.step]
+        ax.plot([x, x], [low, high], color=colour, lw=2, alpha=0.6, solid_capstyle="butt")
+        ax.plot([x], [p.shown], marker=DTYPE_MARKERS[p.dtype], ms=8, color=colour,
+                markerfacecolor=colour if p.layout == "half" else "white", mew=1.6,
+                linestyle="none")
+    highs = [max(p.measured) for p in points]
+    top = max(2.5, 1.3 * max(highs))
+    right = 1.15 * max(p.predicted for p in points)
+    line = np.geomspace(0.9, right, 50)
+    ax.plot(line, line, color="0.3", lw=1, zorder=0)
+    ax.axhline(1.0, color="0.5", lw=1, ls="--", zorder=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.93, right)
+    ax.set_ylim(0.9, top)
+    ticks = [t for t in (1, 1.25, 1.5, 2, 3, 5, 10, 20) if t <= top]
+    for axis, values in ((ax.xaxis, [t for t in ticks if t <= right]), (ax.yaxis, ticks)):
+        axis.set_major_locator(FixedLocator(values))
+        axis.set_minor_locator(NullLocator())
+        axis.set_major_formatter(lambda v, _pos: f"{v:g}")
+    ax.set_xlabel("predicted: bytes asked for / bytes of a copy")
+    ax.set_ylabel("measured: time / time of copy_")
+    at = math.sqrt(right * 1.5) if right > 1.6 else math.sqrt(right)
+    ax.text(at, at / 1.04, "time = bytes at\nthe copy's rate", ha="left", va="top",
+            fontsize="small", color="0.3")
+    ax.text(right / 1.02, 1.01, "copy_", ha="right", va="bottom", fontsize="small",
+            color="0.4")
+    handles = [Line2D([], [], color=colours[s], lw=3, label=s) for s in steps
+               if any(p.step == s for p in points)]
+    handles += [Line2D([], [], marker=m, color="0.3", linestyle="none", label=d)
+                for d, m in DTYPE_MARKERS.items() if any(p.dtype == d for p in points)]
+    handles += [Line2D([], [], marker="o", color="0.3", markerfacecolor=face, linestyle="none",
+                       label=f"{layout} layout")
+                for layout, face in (("half", "0.3"), ("interleaved", "white"))
+                if any(p.layout == layout for p in points)]
+    ax.legend(handles=handles, loc="upper left", fontsize="small", frameon=False)
+
+
+def draw_program_tile(ax_x: Axes, ax_table: Axes, owner: torch.Tensor, selected: int,
+                      table_rows: torch.Tensor, heads_q: int, *, title: str = "",
+                      labels: Sequence[str] | None = None) -> None:
+    """One program's tile among all programs' tiles, tokens along x in both panels.
+
+    Args:
+        ax_x: axes for the (head, token) rows of q then k of one batch entry.
+        ax_table: axes for the table (pairs x tokens), below ``ax_x``.
+        owner: ``(heads_q + heads_k, seq)`` integers: the program that wrote each row
+            (-1: none).
+        selected: the program to highlight (a value of ``owner``).
+        table_rows: ``(seq, pairs)`` bools: the table entries the selected program read.
+        heads_q: how many of the heads are q's (the rest are k's).
+        title: the upper panel's title.
+        labels: a label per program (indexed by the values of ``owner``), written in the
+            middle of its tile; None for none.
+    """
+    owner = torch.as_tensor(owner)
+    table_rows = torch.as_tensor(table_rows)
+    if owner.dim() != 2 or table_rows.dim() != 2 or table_rows.shape[0] != owner.shape[1]:
+        raise ValueError(f"owner must be (heads, seq) and table_rows (seq, pairs), got "
+                         f"{tuple(owner.shape)} and {tuple(table_rows.shape)}")
+    if not (owner == selected).any():
+        raise ValueError(f"selected program {selected} owns no row of owner")
+    heads, seq = owner.shape
+    others = ListedColormap(["white", "#dfe7f2", "#f2e6d8"])
+    shade = torch.where(owner < 0, 0, 1 + owner % 2).numpy()
+    ax_x.imshow(shade, cmap=others, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+    mine = (owner == selected).numpy()
+    ax_x.imshow(np.ma.masked_where(~mine, mine), cmap=ListedColormap(["C3"]), aspect="auto",
+                interpolation="nearest")
+    for value in owner.unique().tolist():  # outline every program's tile
+        if value < 0:
+            continue
+        rows, cols = np.nonzero((owner == value).numpy())
+        ax_x.add_patch(Rectangle((cols.min() - 0.5, rows.min() - 0.5),
+                                 cols.max() - cols.min() + 1, rows.max() - rows.min() + 1,
+                                 fill=False, lw=2.5 if value == selected else 0.8,
+                                 edgecolor="black" if value == selected else "0.45"))
+        if labels is not None:
+            ax_x.text((cols.min() + cols.max()) / 2, (rows.min() + rows.max()) / 2,
+                      labels[value], ha="center", va="center", fontsize="small",
+                      color="white" if value == selected else "0.2")
+    ax_x.axhline(heads_q - 0.5, color="black", lw=1.5)
+    ax_x.set_yticks(range(heads), [f"q{h}" if h < heads_q else f"k{h - heads_q}"
+                                   for h in range(heads)])
+    ax_x.set_ylabel("head")
+    ax_x.set_title(title)
+    ax_x.tick_params(labelbottom=False)
+    read = table_rows.T.numpy()
+    ax_table.imshow(np.where(read, 1, 0), cmap=ListedColormap(["#f4f4f4", "C3"]), vmin=0,
+                    vmax=1, aspect="auto", interpolation="nearest")
+    ax_table.set_ylabel("pair i")
+    ax_table.set_xlabel("token")
+    ax_table.set_title("cos table: the entries it reads (sin alike)")
+    pairs = table_rows.shape[1]
+    ax_table.set_yticks([0, pairs - 1], ["0", str(pairs - 1)])
+    for ax in (ax_x, ax_table):
+        ax.set_xlim(-0.5, seq - 0.5)
+
+
+def ratio_table_html(header: Sequence[str], rows: Sequence[Sequence[object]], *,
+                     caption: str = "") -> str:
+    """An HTML table: ``header`` cells, then ``rows`` (strings as they are, floats with two
+    decimals, None as an empty cell)."""
+    def cell(value: object) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:.2f}"
+        return html.escape(str(value))
+
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"every row needs {len(header)} cells (the header's), got "
+                             f"{len(row)}: {row!r}")
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in rows)
+    top = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return f"<table>{top}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
