@@ -8,33 +8,155 @@ instead this extension writes the text of every page's article into
 ``_static/book_search_text.js``, which only the search page loads, and
 ``search_scorer.js`` (``html_search_scorer``) uses it to
 
-- rank first the pages whose text contains the query exactly, as typed (case
-  aside): Sphinx's index splits "M-RoPE" into "m" and "rope", which every
-  page contains;
+- rank first the pages whose title contains the query, then those whose text
+  contains it exactly, as typed (case aside): Sphinx's index splits "M-RoPE"
+  into "m" and "rope", which every page contains;
 - show under each result a snippet of its page's text around the query.
+
+The text is the prose a reader sees, figure captions included: code cells
+(their source and printed output) are left out, and TeX is written as text
+(``\\(\\theta_i\\)`` becomes ``θ_i``), so that snippets read as sentences.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from html import unescape
+from html.parser import HTMLParser
 from pathlib import Path
 
 from sphinx.builders.html._assets import _JavaScript
 
 TEXT_FILE = "book_search_text.js"
 
+INLINE_TAGS = {"a", "span", "em", "strong", "code", "b", "i", "sub", "sup", "abbr"}
+VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
+             "meta", "source", "track", "wbr"}
+# Subtrees that are not prose: code cells' source and output, the toggles that hide
+# them, the pilcrow links of headings.
+SKIPPED_CLASSES = {"cell_input", "cell_output", "hide", "headerlink"}
 
-def _page_text(html: str) -> str:
-    """The text of a written page's article, as the reader sees it."""
-    start, end = html.find("<article"), html.rfind("</article>")
-    article = re.sub(r"<(script|style)\b.*?</\1>", " ", html[start:end],
-                     flags=re.S)
-    article = re.sub(r'<a class="headerlink".*?</a>', "", article, flags=re.S)
-    inline = r"</?(?:a|span|em|strong|code|b|i|sub|sup|abbr)\b[^>]*>"
-    text = unescape(re.sub(r"<[^>]+>", " ", re.sub(inline, "", article)))
+GREEK = {name: chr(code) for name, code in [
+    ("alpha", 0x3B1), ("beta", 0x3B2), ("gamma", 0x3B3), ("delta", 0x3B4),
+    ("epsilon", 0x3B5), ("varepsilon", 0x3B5), ("zeta", 0x3B6), ("eta", 0x3B7),
+    ("theta", 0x3B8), ("vartheta", 0x3D1), ("iota", 0x3B9), ("kappa", 0x3BA),
+    ("lambda", 0x3BB), ("mu", 0x3BC), ("nu", 0x3BD), ("xi", 0x3BE), ("pi", 0x3C0),
+    ("rho", 0x3C1), ("sigma", 0x3C3), ("tau", 0x3C4), ("phi", 0x3C6),
+    ("varphi", 0x3C6), ("chi", 0x3C7), ("psi", 0x3C8), ("omega", 0x3C9),
+    ("Gamma", 0x393), ("Delta", 0x394), ("Theta", 0x398), ("Lambda", 0x39B),
+    ("Xi", 0x39E), ("Pi", 0x3A0), ("Sigma", 0x3A3), ("Phi", 0x3A6), ("Psi", 0x3A8),
+    ("Omega", 0x3A9)]}
+SYMBOLS = {
+    "top": "ᵀ", "cdot": "·", "times": "×", "le": "≤", "leq": "≤", "ge": "≥",
+    "geq": "≥", "ne": "≠", "neq": "≠", "approx": "≈", "to": "→", "rightarrow": "→",
+    "leftarrow": "←", "mapsto": "↦", "iff": "⟺", "Leftrightarrow": "⟺",
+    "Rightarrow": "⇒", "infty": "∞", "sum": "∑", "prod": "∏", "int": "∫",
+    "langle": "⟨", "rangle": "⟩", "lvert": "|", "rvert": "|", "vert": "|", "mid": "|",
+    "lVert": "‖", "rVert": "‖", "dots": "…", "ldots": "…", "cdots": "…", "vdots": "⋮",
+    "ddots": "⋱", "pm": "±", "in": "∈", "notin": "∉", "sqrt": "√", "partial": "∂",
+    "nabla": "∇", "odot": "⊙", "otimes": "⊗", "circ": "∘", "lfloor": "⌊",
+    "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉", "equiv": "≡", "propto": "∝",
+    "sim": "∼", "ell": "ℓ", "subset": "⊂", "cup": "∪", "cap": "∩", "forall": "∀",
+    "exists": "∃", "max": "max", "min": "min", "log": "log", "ln": "ln", "exp": "exp",
+    "cos": "cos", "sin": "sin", "arg": "arg", "Re": "Re", "Im": "Im", "lim": "lim",
+}
+# Commands that only format or space: dropped, their braced argument kept.
+DROPPED = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl",
+           "Bigr", "biggl", "biggr", "displaystyle", "textstyle", "mathbf", "mathrm",
+           "mathit", "mathcal", "mathbb", "mathsf", "mathtt", "operatorname", "text",
+           "textrm", "textbf", "textit", "boldsymbol", "bm", "quad", "qquad",
+           "underbrace", "overbrace", "overline", "underline", "bar", "hat", "tilde",
+           "vec", "dot", "widehat", "widetilde", "nonumber", "notag", "limits",
+           "tfrac", "dfrac", "frac", "binom", "pmatrix", "phantom", "hphantom"}
+TEX_COMMAND = re.compile(r"\\([A-Za-z]+)\s?|\\(.)")
+TEX_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[^}]*\}")
+TEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+
+
+def tex_to_text(tex: str) -> str:
+    """TeX as plain text for a search snippet: ``\\theta_i`` -> ``θ_i``,
+    ``\\frac{a}{b}`` -> ``a/b``; formatting and spacing commands dropped."""
+    text = tex.strip()
+    for delimiters in (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$")):
+        if text.startswith(delimiters[0]) and text.endswith(delimiters[1]):
+            text = text[len(delimiters[0]):-len(delimiters[1])]
+    text = TEX_ENVIRONMENT.sub(" ", text)
+    text = TEX_FRACTION.sub(r"(\1)/(\2)", text)
+    text = text.replace("\\\\", "; ").replace("&", " ")
+
+    def command(match: re.Match) -> str:
+        name, symbol = match.group(1), match.group(2)
+        if symbol is not None:  # \, \; \! \{ \} \| \_ and the like
+            return {"{": "{", "}": "}", "|": "‖", "_": "_", "%": "%"}.get(symbol, " ")
+        if name in GREEK:
+            return GREEK[name]
+        if name in SYMBOLS:
+            return SYMBOLS[name] + " "
+        if name in DROPPED:
+            return ""
+        return name
+
+    text = TEX_COMMAND.sub(command, text)
+    text = text.replace("{", "").replace("}", "").replace("^ᵀ", "ᵀ")
     return re.sub(r"\s+", " ", text).strip()
+
+
+class _ProseText(HTMLParser):
+    """The visible prose of an article, as one line of text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.stack: list[tuple[str, bool, bool]] = []  # tag, skipped, math
+        self.math: list[str] | None = None
+
+    def _skipped(self) -> bool:
+        return bool(self.stack) and self.stack[-1][1]
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        classes = set((dict(attrs).get("class") or "").split())
+        caption = tag == "figcaption"
+        skipped = (self._skipped() and not caption) or bool(classes & SKIPPED_CLASSES) \
+            or tag in {"script", "style"}
+        math = "math" in classes and not skipped
+        if tag not in INLINE_TAGS:
+            self.parts.append(" ")
+        if math:
+            self.math = []
+        if tag not in VOID_TAGS:
+            self.stack.append((tag, skipped, math))
+
+    def handle_endtag(self, tag: str) -> None:
+        while self.stack:
+            open_tag, _, math = self.stack.pop()
+            if math and self.math is not None:
+                self.parts.append(" " + tex_to_text("".join(self.math)) + " ")
+                self.math = None
+            if open_tag == tag:
+                break
+        if tag not in INLINE_TAGS:
+            self.parts.append(" ")
+
+    def handle_data(self, data: str) -> None:
+        if self._skipped():
+            return
+        if self.math is not None:
+            self.math.append(data)
+        else:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        text = re.sub(r"\s+", " ", "".join(self.parts)).strip()
+        return re.sub(r" ([.,;:!?)])", r"\1", text)
+
+
+def page_text(html: str) -> str:
+    """The text of a written page's article, as the reader sees its prose."""
+    start, end = html.find("<article"), html.rfind("</article>")
+    parser = _ProseText()
+    parser.feed(html[start:end])
+    parser.close()
+    return parser.text()
 
 
 def _write_texts(app, exception) -> None:
@@ -45,7 +167,7 @@ def _write_texts(app, exception) -> None:
     for doc in sorted(app.env.found_docs):
         page = out / app.builder.get_target_uri(doc)
         if page.is_file():
-            texts[doc] = _page_text(page.read_text(encoding="utf-8"))
+            texts[doc] = page_text(page.read_text(encoding="utf-8"))
     target = out / "_static" / TEXT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(f"window.BOOK_PAGE_TEXT = {json.dumps(texts)};\n")
