@@ -29,45 +29,43 @@ from sphinx.builders.html._assets import _JavaScript
 
 TEXT_FILE = "book_search_text.js"
 
-INLINE_TAGS = {"a", "span", "em", "strong", "code", "b", "i", "sub", "sup", "abbr"}
-VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
-             "meta", "source", "track", "wbr"}
-# Subtrees that are not prose: code cells' source and output, the toggles that hide
-# them, the pilcrow links of headings.
+INLINE_TAGS = set("a span em strong code b i sub sup abbr".split())
+VOID_TAGS = set("area base br col embed hr img input link meta source track "
+                "wbr".split())
+# Subtrees that are not prose: code cells' source and output, the toggles
+# that hide them, the pilcrow links of headings.
 SKIPPED_CLASSES = {"cell_input", "cell_output", "hide", "headerlink"}
 
-GREEK = {name: chr(code) for name, code in [
-    ("alpha", 0x3B1), ("beta", 0x3B2), ("gamma", 0x3B3), ("delta", 0x3B4),
-    ("epsilon", 0x3B5), ("varepsilon", 0x3B5), ("zeta", 0x3B6), ("eta", 0x3B7),
-    ("theta", 0x3B8), ("vartheta", 0x3D1), ("iota", 0x3B9), ("kappa", 0x3BA),
-    ("lambda", 0x3BB), ("mu", 0x3BC), ("nu", 0x3BD), ("xi", 0x3BE), ("pi", 0x3C0),
-    ("rho", 0x3C1), ("sigma", 0x3C3), ("tau", 0x3C4), ("phi", 0x3C6),
-    ("varphi", 0x3C6), ("chi", 0x3C7), ("psi", 0x3C8), ("omega", 0x3C9),
-    ("Gamma", 0x393), ("Delta", 0x394), ("Theta", 0x398), ("Lambda", 0x39B),
-    ("Xi", 0x39E), ("Pi", 0x3A0), ("Sigma", 0x3A3), ("Phi", 0x3A6), ("Psi", 0x3A8),
-    ("Omega", 0x3A9)]}
+_GREEK_NAMES = ("alpha beta gamma delta epsilon zeta eta theta iota kappa "
+                "lambda mu nu xi omicron pi rho varsigma sigma tau upsilon "
+                "phi chi psi omega").split()
+GREEK = {name: chr(0x3B1 + i) for i, name in enumerate(_GREEK_NAMES)}
+GREEK |= {name.capitalize(): chr(0x391 + i)
+          for i, name in enumerate(_GREEK_NAMES) if name != "varsigma"}
+GREEK |= {"varepsilon": "ε", "vartheta": "ϑ", "varphi": "φ"}
 SYMBOLS = {
-    "top": "ᵀ", "cdot": "·", "times": "×", "le": "≤", "leq": "≤", "ge": "≥",
-    "geq": "≥", "ne": "≠", "neq": "≠", "approx": "≈", "to": "→", "rightarrow": "→",
-    "leftarrow": "←", "mapsto": "↦", "iff": "⟺", "Leftrightarrow": "⟺",
-    "Rightarrow": "⇒", "infty": "∞", "sum": "∑", "prod": "∏", "int": "∫",
-    "langle": "⟨", "rangle": "⟩", "lvert": "|", "rvert": "|", "vert": "|", "mid": "|",
-    "lVert": "‖", "rVert": "‖", "dots": "…", "ldots": "…", "cdots": "…", "vdots": "⋮",
-    "ddots": "⋱", "pm": "±", "in": "∈", "notin": "∉", "sqrt": "√", "partial": "∂",
+    "top": "ᵀ", "cdot": "·", "times": "×", "le": "≤", "leq": "≤",
+    "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "approx": "≈", "to": "→",
+    "rightarrow": "→", "leftarrow": "←", "mapsto": "↦", "iff": "⟺",
+    "Leftrightarrow": "⟺", "Rightarrow": "⇒", "infty": "∞", "sum": "∑",
+    "prod": "∏", "int": "∫", "langle": "⟨", "rangle": "⟩", "lvert": "|",
+    "rvert": "|", "vert": "|", "mid": "|", "lVert": "‖", "rVert": "‖",
+    "dots": "…", "ldots": "…", "cdots": "…", "vdots": "⋮", "ddots": "⋱",
+    "pm": "±", "in": "∈", "notin": "∉", "sqrt": "√", "partial": "∂",
     "nabla": "∇", "odot": "⊙", "otimes": "⊗", "circ": "∘", "lfloor": "⌊",
-    "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉", "equiv": "≡", "propto": "∝",
-    "sim": "∼", "ell": "ℓ", "subset": "⊂", "cup": "∪", "cap": "∩", "forall": "∀",
-    "exists": "∃", "max": "max", "min": "min", "log": "log", "ln": "ln", "exp": "exp",
-    "cos": "cos", "sin": "sin", "arg": "arg", "Re": "Re", "Im": "Im", "lim": "lim",
+    "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉", "equiv": "≡",
+    "propto": "∝", "sim": "∼", "ell": "ℓ", "subset": "⊂", "cup": "∪",
+    "cap": "∩", "forall": "∀", "exists": "∃",
 }
-# Commands that only format or space: dropped, their braced argument kept.
-DROPPED = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl",
-           "Bigr", "biggl", "biggr", "displaystyle", "textstyle", "mathbf", "mathrm",
-           "mathit", "mathcal", "mathbb", "mathsf", "mathtt", "operatorname", "text",
-           "textrm", "textbf", "textit", "boldsymbol", "bm", "quad", "qquad",
-           "underbrace", "overbrace", "overline", "underline", "bar", "hat", "tilde",
-           "vec", "dot", "widehat", "widetilde", "nonumber", "notag", "limits",
-           "tfrac", "dfrac", "frac", "binom", "pmatrix", "phantom", "hphantom"}
+# Commands that only format or space: dropped, their braced argument kept
+# (function names such as \cos and \max are written without the backslash).
+DROPPED = set(
+    "left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr "
+    "displaystyle textstyle mathbf mathrm mathit mathcal mathbb mathsf "
+    "mathtt operatorname text textrm textbf textit boldsymbol bm quad qquad "
+    "underbrace overbrace overline underline bar hat tilde vec dot widehat "
+    "widetilde nonumber notag limits tfrac dfrac frac binom phantom "
+    "hphantom".split())
 TEX_COMMAND = re.compile(r"\\([A-Za-z]+)\s?|\\(.)")
 TEX_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[^}]*\}")
 TEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
@@ -79,7 +77,7 @@ def tex_to_text(tex: str) -> str:
     text = tex.strip()
     for delimiters in (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$")):
         if text.startswith(delimiters[0]) and text.endswith(delimiters[1]):
-            text = text[len(delimiters[0]):-len(delimiters[1])]
+            text = text[len(delimiters[0]) : -len(delimiters[1])]
     text = TEX_ENVIRONMENT.sub(" ", text)
     text = TEX_FRACTION.sub(r"(\1)/(\2)", text)
     text = text.replace("\\\\", "; ").replace("&", " ")
@@ -87,7 +85,9 @@ def tex_to_text(tex: str) -> str:
     def command(match: re.Match) -> str:
         name, symbol = match.group(1), match.group(2)
         if symbol is not None:  # \, \; \! \{ \} \| \_ and the like
-            return {"{": "{", "}": "}", "|": "‖", "_": "_", "%": "%"}.get(symbol, " ")
+            return {"{": "{", "}": "}", "|": "‖", "_": "_", "%": "%"}.get(
+                symbol, " "
+            )
         if name in GREEK:
             return GREEK[name]
         if name in SYMBOLS:
@@ -116,8 +116,11 @@ class _ProseText(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list) -> None:
         classes = set((dict(attrs).get("class") or "").split())
         caption = tag == "figcaption"
-        skipped = (self._skipped() and not caption) or bool(classes & SKIPPED_CLASSES) \
+        skipped = (
+            (self._skipped() and not caption)
+            or bool(classes & SKIPPED_CLASSES)
             or tag in {"script", "style"}
+        )
         math = "math" in classes and not skipped
         if tag not in INLINE_TAGS:
             self.parts.append(" ")
@@ -173,11 +176,14 @@ def _write_texts(app, exception) -> None:
     target.write_text(f"window.BOOK_PAGE_TEXT = {json.dumps(texts)};\n")
 
 
-def _load_on_search_page(app, pagename, templatename, context,
-                         doctree) -> None:
+def _load_on_search_page(
+    app, pagename, templatename, context, doctree
+) -> None:
     if pagename == "search" and "script_files" in context:
-        context["script_files"] = [*context["script_files"],
-                                   _JavaScript(f"_static/{TEXT_FILE}")]
+        context["script_files"] = [
+            *context["script_files"],
+            _JavaScript(f"_static/{TEXT_FILE}"),
+        ]
 
 
 def setup(app):
