@@ -6,6 +6,7 @@
 - ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``.
 - ``ropelib.book.timing``: a call timer and log-log fits.
 - ``ropelib.book.layer``: a Llama-style decoder layer whose parts chapter 11 times.
+- ``ropelib.book.contents``: counts read from the chapters (the preface's number of bugs).
 
 ``import ropelib`` does not import this package; the core never imports it.
 """
