@@ -31,7 +31,8 @@ WINDOW = {"width": 1400, "height": 1000}
 LANDSCAPE, SQUARE, FONT_SHARE = 0.85, 0.6, 0.8
 DENSITY = 1.95  # PNG pixels per page pixel (style.DENSITY = 2, less rounding)
 LANDSCAPE_ASPECT = 1.25  # width / height above which a figure is landscape
-CHAPTERS = [page for page in toc_pages() if Path(page).name[:2].isdigit()]
+# the chapters and the landing page (the preface and the bibliography draw nothing)
+CHAPTERS = [toc_pages()[0]] + [page for page in toc_pages() if Path(page).name[:2].isdigit()]
 
 # The text column (the article's content box), the body text's size, and every figure image
 # of the article with its shown and natural sizes, once each image has loaded.
