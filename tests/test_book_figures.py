@@ -1,4 +1,4 @@
-"""Every chapter figure is read at the width of the text column, with readable text.
+"""Every chapter figure is read at the width of the text column, sharp, with readable text.
 
 At a desktop window (1400 x 1000 px) in headless Chromium, for each figure of each chapter
 (myst-nb's figure images and the frames of the jshtml scrubbers) in the HTML of $BOOK_HTML
@@ -6,9 +6,12 @@ At a desktop window (1400 x 1000 px) in headless Chromium, for each figure of ea
 
 - its shown width against the text column's: landscape figures (wider than 1.25 times their
   height) and scrubbers at least ``LANDSCAPE``, the others at least ``SQUARE``;
+- its density: at least ``DENSITY`` pixels of the PNG per pixel of the page, so that a
+  screen with two pixels per page pixel (a phone, most laptops) shows it sharp;
 - its smallest text as shown: ``ropelib.viz.style.SMALLEST_FONT_PT`` points are
   ``pt * dpi / 72`` pixels of the PNG (the dpi read from the PNG itself), scaled by the
-  page as the image is (shown width / PNG width), at least ``FONT_SHARE`` of the body text.
+  page as the image is (shown width / PNG width), no smaller than the page's figure
+  captions (and at least ``FONT_SHARE`` of the body text).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from ropelib.viz import style
 
 WINDOW = {"width": 1400, "height": 1000}
 LANDSCAPE, SQUARE, FONT_SHARE = 0.85, 0.6, 0.8
+DENSITY = 1.95  # PNG pixels per page pixel (style.DENSITY = 2, less rounding)
 LANDSCAPE_ASPECT = 1.25  # width / height above which a figure is landscape
-CHAPTERS = [page for page in toc_pages() if Path(page).name[:2].isdigit()]
+# the chapters and the landing page (the preface and the bibliography draw nothing)
+CHAPTERS = [toc_pages()[0]] + [page for page in toc_pages() if Path(page).name[:2].isdigit()]
 
 # The text column (the article's content box), the body text's size, and every figure image
 # of the article with its shown and natural sizes, once each image has loaded.
@@ -37,9 +42,11 @@ MEASURE = """async () => {
   const column = article.clientWidth - parseFloat(box.paddingLeft)
                  - parseFloat(box.paddingRight);
   const paragraph = article.querySelector('section > p');
+  const caption = article.querySelector('figure figcaption');
   const images = [...article.querySelectorAll('figure img, div.animation img')];
   await Promise.all(images.map(img => img.decode().catch(() => null)));
   return {column, body: parseFloat(getComputedStyle(paragraph).fontSize),
+          caption: caption ? parseFloat(getComputedStyle(caption).fontSize) : null,
           paragraph: paragraph.getBoundingClientRect().width,
           figures: images.map(img => ({
             src: img.src, shown: img.getBoundingClientRect().width,
@@ -63,17 +70,21 @@ def png_dpi(src: str) -> float:
 def figure_problems(page: dict) -> list[str]:
     """What is too narrow or too small in a measured page, one line per figure."""
     problems = []
+    smallest = max(FONT_SHARE * page["body"], page["caption"] or 0.0)
     for fig in page["figures"]:
         share = fig["shown"] / page["column"]
         landscape = fig["scrubber"] or fig["natural"] > LANDSCAPE_ASPECT * fig["height"]
         need = LANDSCAPE if landscape else SQUARE
+        density = fig["natural"] / fig["shown"]
         font_px = (style.SMALLEST_FONT_PT * png_dpi(fig["src"]) / 72
                    * fig["shown"] / fig["natural"])
-        if share < need or font_px < FONT_SHARE * page["body"]:
+        if share < need or font_px < smallest - 0.05 or density < DENSITY:
             problems.append(
                 f"{fig['name']}: {fig['shown']:.0f} px = {share:.2f} of the column "
                 f"(needs {need}), smallest text {font_px:.1f} px = "
-                f"{font_px / page['body']:.2f} of the body text (needs {FONT_SHARE}); "
+                f"{font_px / page['body']:.2f} of the body text (needs {smallest:.1f} px: "
+                f"the caption's size, at least {FONT_SHARE} of the body text); "
+                f"{density:.2f} PNG pixels per page pixel (needs {DENSITY}); "
                 f"PNG {fig['natural']} x {fig['height']} px")
     return problems
 
@@ -112,13 +123,23 @@ def test_figures_span_the_column_with_readable_text(measured, page):
     assert not problems, f"{page}: " + "; ".join(problems)
 
 
-def test_the_check_finds_a_narrow_figure_and_small_text(tmp_path):
-    """A figure drawn at 72 dpi and shown at half the column fails both checks."""
+def test_the_check_finds_a_narrow_blurry_figure_and_small_text(tmp_path):
+    """A figure drawn at 72 dpi and shown at half the column, one pixel per pixel, fails
+    all three checks; the same figure at twice the pixels, shown at the column, passes."""
     png = tmp_path / "small.png"
     Image.new("RGB", (400, 300)).save(png, dpi=(72, 72))
-    page = {"column": 800.0, "body": 16.0, "figures": [
+    page = {"column": 800.0, "body": 16.0, "caption": 14.4, "figures": [
         {"src": png.as_uri(), "shown": 400.0, "natural": 400, "height": 300,
          "scrubber": False, "name": "fig-small"}]}
     (problem,) = figure_problems(page)
     assert "fig-small: 400 px = 0.50 of the column (needs 0.85)" in problem
     assert f"smallest text {style.SMALLEST_FONT_PT:.1f} px" in problem
+    assert "(needs 14.4 px: the caption's size" in problem
+    assert "1.00 PNG pixels per page pixel (needs 1.95)" in problem
+
+    dense = tmp_path / "dense.png"
+    dpi = 72 * 16 / style.SMALLEST_FONT_PT * 1600 / 800  # smallest text shown at 16 px
+    Image.new("RGB", (1600, 1200)).save(dense, dpi=(dpi, dpi))
+    page["figures"] = [{"src": dense.as_uri(), "shown": 800.0, "natural": 1600,
+                        "height": 1200, "scrubber": False, "name": "fig-dense"}]
+    assert figure_problems(page) == []

@@ -12,6 +12,7 @@ blocked), in the HTML of $BOOK_HTML (or a fresh build, see tests/conftest.py):
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -218,3 +219,292 @@ def test_prose_does_not_name_the_authors_twice(html_dir):
         if found:
             twice[page.name] = found
     assert not twice, twice
+
+
+# ------------------------------------------------------------------------------------------
+# A lesson, not a lab notebook (issue 46): checks on every page of the table of contents.
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = [ROOT / page.replace(".html", ".ipynb") for page in toc_pages()
+             if (ROOT / page.replace(".html", ".ipynb")).exists()]
+CHAPTERS = [page for page in toc_pages()
+            if Path(page).name[:2].isdigit() and int(Path(page).name[:2]) >= 1]
+# What the reader should not be told about: how the book is built and tested.
+MACHINERY = re.compile(
+    r"\b(?:hidden|collapsed) (?:code )?cells?\b|\bnbval\b|show code cell|\bnext cell\b"
+    r"|hide-input|remove-input|remove-cell|source_hidden"
+    r"|\bformats? (?:these|the|its) numbers\b|\bnumbers? (?:quoted|formatted) (?:next|below)\b",
+    re.IGNORECASE)
+HIDING = {"hide-input", "remove-input", "remove-cell", "solution"}
+
+
+def machinery_phrases(notebook) -> list[str]:
+    """The sentences of a notebook's prose, and the lines of its code shown in the HTML,
+    that talk about the build machinery."""
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "markdown":
+            for sentence in re.split(r"(?<=[.;:!?])\s+", cell.source):
+                if MACHINERY.search(sentence):
+                    found.append(f"cell {index}: {' '.join(sentence.split())[:120]}")
+        elif cell.cell_type == "code" and not HIDING & set(cell.metadata.get("tags", [])):
+            found += [f"cell {index} (code): {line.strip()}"
+                      for line in cell.source.splitlines() if MACHINERY.search(line)]
+    return found
+
+
+def test_the_machinery_check_finds_what_it_looks_for():
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("A collapsed cell formats these numbers for the text. "
+                                      "The code below checks it."),
+        nbformat.v4.new_code_cell("# nbval compares this output\nx = 1"),
+        nbformat.v4.new_code_cell("# nbval: hidden from the HTML"),
+        nbformat.v4.new_markdown_cell("The hidden cell below checks it; the next cell too.")]
+    notebook.cells[2].metadata["tags"] = ["remove-cell"]
+    found = machinery_phrases(notebook)
+    assert [line.split(":")[0] for line in found] == [
+        "cell 0", "cell 1 (code)", "cell 3", "cell 3"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_prose_says_nothing_about_the_build_machinery(path):
+    """No "hidden cell", "collapsed cell", "nbval", "next cell"... in a page's prose or in
+    the code it shows: the reader sees neither the cells' tags nor the tests."""
+    import nbformat
+
+    found = machinery_phrases(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name}: " + " | ".join(found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_cells_that_only_draw_are_collapsed(path):
+    """A cell that makes a captioned figure or an animation shows its figure, not its
+    plotting code (collapsed in the HTML and in JupyterLab)."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    shown = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"
+             and ("figure" in cell.metadata.get("mystnb", {})
+                  or re.match(r"\s*scrubber\(", cell.source))
+             and not ({"hide-input", "remove-input", "remove-cell"}
+                      & set(cell.metadata.get("tags", []))
+                      and cell.metadata.get("jupyter", {}).get("source_hidden"))]
+    assert not shown, f"{path.name}: cells {shown} show the code that draws their figure"
+
+
+# Where, in the article, the first figure (or animation), the first paragraph and the first
+# code a reader sees without opening anything start.
+FIRST_SCREEN = """() => {
+  const article = document.querySelector('main article');
+  const top = el => el.getBoundingClientRect().top + window.scrollY;
+  const figure = article.querySelector('figure, div.animation');
+  const code = [...article.querySelectorAll('div.cell_input')].find(
+      el => !el.closest('details') && el.offsetParent !== null);
+  const prose = [...article.querySelectorAll('section p')].find(
+      p => !p.closest('figure, .cell, details, .admonition') && p.innerText.trim().length > 80);
+  return {figure: figure ? top(figure) : null, code: code ? top(code) : null,
+          prose: prose ? top(prose) : null, screen: window.innerHeight};
+}"""
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapters_open_with_prose_and_a_figure_not_code(browser, html_dir, page):
+    """The first screen of a chapter: its title, prose, then a figure; the first code a
+    reader sees without opening a toggle comes after that figure."""
+    tab = open_tab(browser, (html_dir / page).as_uri(), WINDOW)
+    found = tab.evaluate(FIRST_SCREEN)
+    tab.close()
+    assert found["figure"] is not None, f"{page}: no figure"
+    assert found["prose"] is not None and found["prose"] < found["figure"], (page, found)
+    assert found["code"] is None or found["figure"] < found["code"], (
+        f"{page}: code before the first figure: {found}")
+    assert found["figure"] < 1.5 * found["screen"], (
+        f"{page}: the first figure starts {found['figure']:.0f} px down: {found}")
+
+
+# At a phone's width: inline formulas that reach past their line's box, and display
+# equations that need sideways scrolling or were shrunk below MATH_FLOOR of the text.
+PHONE_MATH = """(floor) => {
+  const body = parseFloat(getComputedStyle(document.querySelector('main article p')).fontSize);
+  const out = {inline: [], display: [], small: []};
+  for (const c of document.querySelectorAll('main article mjx-container')) {
+    const label = (c.getAttribute('aria-label') || c.textContent).slice(0, 50);
+    if (c.hasAttribute('display')) {
+      if (c.scrollWidth > c.clientWidth + 1) out.display.push(label);
+      if (parseFloat(getComputedStyle(c).fontSize) < floor * body) out.small.push(label);
+    } else {
+      let box = c.parentElement;
+      while (box && getComputedStyle(box).display.startsWith('inline')) box = box.parentElement;
+      if (c.getBoundingClientRect().right > box.getBoundingClientRect().right + 1)
+        out.inline.push(label);
+    }
+  }
+  return out;
+}"""
+MATH_FLOOR = 0.8  # of the body text: a display equation shrunk to fit stays readable
+
+
+@pytest.mark.parametrize("page", toc_pages())
+def test_math_fits_a_phone(browser, html_dir, page):
+    """At 390 x 844 px every inline formula fits its line (long ones are displayed), and
+    every display equation fits the column without sideways scrolling, at no less than
+    MATH_FLOOR of the body text."""
+    from test_book_offline import offline_tab
+
+    tab = offline_tab(browser, (html_dir / page).as_uri(), PHONE)
+    tab.wait_for_timeout(300)  # _static/math_fit.js runs once MathJax has typeset
+    found = tab.evaluate(PHONE_MATH, MATH_FLOOR)
+    tab.close()
+    problems = {kind: items for kind, items in found.items() if items}
+    assert not problems, f"{page}: {problems}"
+
+
+def search_results(browser, html_dir, query: str) -> list[dict]:
+    url = (html_dir / "search.html").as_uri() + f"?q={query}"
+    tab = open_tab(browser, url, DESKTOP)
+    tab.wait_for_function("/Search finished/.test(document.querySelector('main').innerText)",
+                          timeout=20000)
+    tab.wait_for_timeout(500)
+    results = tab.evaluate("""() => [...document.querySelectorAll('ul.search > li')].map(li => ({
+        href: li.querySelector('a').getAttribute('href'),
+        snippet: (li.querySelector('p.context') || {innerText: ''}).innerText}))""")
+    tab.close()
+    return results
+
+
+def test_search_ranks_a_title_match_first_and_shows_text(browser, html_dir):
+    """"interleaved" finds chapter 8, whose title it is, first; no snippet shows TeX or
+    code."""
+    results = search_results(browser, html_dir, "interleaved")
+    assert results and results[0]["href"].split("#")[0].endswith(
+        "08_interleaved_vs_half.html"), [r["href"] for r in results[:5]]
+    for query in ("interleaved", "theta", "apply_rope"):
+        for result in search_results(browser, html_dir, query):
+            assert not re.search(r"\\[a-zA-Z(\[]|\$|>>>|import torch", result["snippet"]), (
+                query, result)
+
+
+def test_search_text_is_the_prose(html_dir):
+    """The text the search reads (and quotes) holds no TeX source and no code cells."""
+    text = (html_dir / "_static" / "book_search_text.js").read_text()
+    pages = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert len(pages) >= len(toc_pages())
+    for doc, words in pages.items():
+        assert not re.search(r"\\\(|\\\[|\\frac|\\theta", words), doc
+        assert "import torch" not in words and "assert torch" not in words, doc
+
+
+def test_one_search_box_on_a_page(browser, html_dir):
+    """The sidebar's search box is the only one at 1400 px (the empty header bar that held a
+    second one is gone)."""
+    tab = open_tab(browser, (html_dir / toc_pages()[1]).as_uri(), WINDOW)
+    boxes = tab.evaluate("""() => [...document.querySelectorAll(
+        '.search-button-field, form.bd-search, input[type=search]')].filter(
+        el => el.offsetParent !== null && el.getBoundingClientRect().width > 0).length""")
+    header = tab.evaluate("""() => { const h = document.querySelector('header.bd-header');
+        return h ? h.getBoundingClientRect().height : 0; }""")
+    tab.close()
+    assert boxes == 1 and header == 0, (boxes, header)
+
+
+def test_landing_page_starts_the_reader_and_offers_the_source(browser, html_dir):
+    """The landing page says what the reader will be able to do, has a button to chapter 1
+    above its map, and links a zip of the book's source that holds ropelib and the
+    chapters; the preface does not repeat the map."""
+    import zipfile
+
+    root = html_dir / toc_pages()[0]
+    tab = open_tab(browser, root.as_uri(), WINDOW)
+    found = tab.evaluate("""() => {
+      const article = document.querySelector('main article');
+      const start = [...article.querySelectorAll('a.sd-btn')].find(
+          a => a.href.split('#')[0].endsWith('01_why_positions.html'));
+      const map = article.querySelector('.book-map');
+      const zip = [...article.querySelectorAll('a[href]')].find(a => a.href.endsWith('.zip'));
+      const outcomes = [...article.querySelectorAll('h2')].find(
+          h => /able to/i.test(h.innerText));
+      return {start: start ? start.getBoundingClientRect().top : null,
+              map: map ? map.getBoundingClientRect().top : null,
+              zip: zip ? zip.href : null,
+              outcomes: outcomes ? outcomes.parentElement.querySelectorAll('li').length : 0};
+    }""")
+    tab.close()
+    assert found["start"] is not None and found["map"] is not None, found
+    assert found["start"] < found["map"] and found["outcomes"] >= 4, found
+    archive = Path(found["zip"].removeprefix("file://"))
+    names = zipfile.ZipFile(archive).namelist()
+    for needed in ("rope-book/ropelib/__init__.py", "rope-book/book/intro.ipynb",
+                   "rope-book/Makefile", "rope-book/requirements.txt"):
+        assert needed in names, needed
+    preface = (html_dir / toc_pages()[1]).read_text()
+    article = preface[preface.find("<article"):preface.rfind("</article>")]
+    linked = set(re.findall(r'href="(\d\d_[a-z_0-9]+)\.html', article))
+    assert len(linked) <= 3, f"the preface links {sorted(linked)}: the map is repeated"
+
+
+BIB_ENTRY = re.compile(r'<div class="citation" id="([^"]+)"[^>]*>\s*<span class="label">'
+                       r'<span class="fn-bracket">\[</span>([^<]+)<.*?<p>(.*?)</p>', re.S)
+
+
+def test_bibliography_entries_are_named_sorted_and_linked(html_dir):
+    """Every entry has a link; its label is its author-year name, the one the text cites
+    it by (GitHub threads by repository and number, never a handle); the list runs in
+    alphabetical order, case aside; nobody is "and others"."""
+    html = (html_dir / "book" / "bibliography.html").read_text()
+    entries = BIB_ENTRY.findall(html)
+    assert len(entries) > 50
+    labels = [label for _, label, _ in entries]
+    unlinked = [label for _, label, text in entries if 'href="http' not in text]
+    assert not unlinked, f"entries without a link: {unlinked}"
+    assert all(re.search(r", \d{4}[a-z]?$", label) for label in labels), labels
+
+    def name_then_year(label):
+        name, year = label.rsplit(", ", 1)
+        return name.casefold(), year
+
+    assert labels == sorted(labels, key=name_then_year), "not in alphabetical order"
+    threads = [label for _, label, text in entries if re.search(
+        r'href="https://github\.com/[^"]+/(?:issues|pull)/\d+"', text)]
+    assert threads and all(re.match(r"[\w.-]+ #\d+, \d{4}", t) for t in threads), threads
+    assert "and others" not in html
+    cited = {}
+    for page in built_pages(html_dir):
+        for span in SPAN.findall(page.read_text()):
+            authors = re.sub(r"<[^>]+>", "", span).split("[")[0].strip()
+            for target, text in CITATION.findall(span):
+                text = re.sub(r"<[^>]+>", "", text).strip()
+                cited[target] = f"{authors}, {text}" if authors else text
+    labels_by_id = {target: label for target, label, _ in entries}
+    differ = {labels_by_id[t]: c for t, c in cited.items() if c != labels_by_id[t]}
+    assert cited and not differ, f"cited otherwise than labelled: {differ}"
+
+
+def test_the_map_follows_the_table_of_contents():
+    """book/_ext/book_map.py: a page appears on the landing page's map once _toc.yml lists
+    it (chapter 15's line is written ahead of it), numbered as the sidebar numbers it; a
+    page of the table without a line stops the build."""
+    import nbformat
+    from book_map import map_markdown, parse_lines, toc_parts
+
+    parts = toc_parts(ROOT / "_toc.yml")
+    landing = nbformat.read(ROOT / "book" / "intro.ipynb", as_version=4)
+    (source,) = [c.source for c in landing.cells if ":::{book-map}" in c.source]
+    entries = parse_lines(source.split(":::{book-map}")[1].split(":::")[0].splitlines())
+    assert "15_rope_on_a_gpu" in entries
+    here = "book/intro"
+    listed = "\n".join(map_markdown(parts, entries, here))
+    in_toc = [f for part in parts for f in part["files"] if f != here]
+    assert all(f"{{doc}}`{Path(f).name}`" in listed for f in in_toc)
+    with_15 = [dict(part, files=part["files"] + ["book/15_rope_on_a_gpu"])
+               if part["caption"].startswith("Part IV") else part for part in parts]
+    assert "14. {doc}`14_rope_bugs`" in listed
+    assert "15. {doc}`15_rope_on_a_gpu`" in "\n".join(map_markdown(with_15, entries, here))
+    assert "15_rope_on_a_gpu" not in listed
+    without = {name: text for name, text in entries.items() if name != "04_rope_2d"}
+    with pytest.raises(ValueError, match="no line for '04_rope_2d'"):
+        map_markdown(parts, without, here)
+    with pytest.raises(ValueError, match="docname: what it teaches"):
+        parse_lines(["a line without its docname"])

@@ -14,6 +14,7 @@ from ropelib.viz.extension import (
     accuracy_table_html,
     draw_accuracy_by_length,
     draw_accuracy_by_position,
+    draw_accuracy_panels,
     draw_decoding_gap,
     draw_frequency_scaling,
     draw_training_losses,
@@ -152,3 +153,21 @@ def test_decoding_gap_draws_each_curve_with_zeros_at_the_floor():
 def test_decoding_gap_refuses_bad_curves(gaps):
     with pytest.raises(ValueError, match="gaps"):
         draw_decoding_gap(agg_figure().subplots(), gaps, train_length=2)
+
+
+def test_accuracy_panels_share_colours_and_one_legend():
+    fig = agg_figure()
+    left = {"rope": [1.0, 0.5], "nope": [0.2, 0.1]}
+    right = {"rope": [1.0, 0.5], "rope + pi": [1.0, 0.9]}
+    axes = draw_accuracy_panels(fig, [64, 128], [("as trained", left), ("extended", right)],
+                                train_length=64, chance=0.1)
+    assert [ax.get_title() for ax in axes] == ["as trained", "extended"]
+    assert all(ax.get_legend() is None for ax in axes)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["rope", "nope", "chance",
+                                                          "rope + pi"]
+    rope = [line for ax in axes for line in ax.get_lines() if line.get_label() == "rope"]
+    assert len(rope) == 2 and rope[0].get_color() == rope[1].get_color()
+    fig.canvas.draw()
+    with pytest.raises(ValueError, match="at least one"):
+        draw_accuracy_panels(agg_figure(), [64], [], train_length=64)

@@ -8,7 +8,11 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ropelib.viz.scaling_plots import draw_singular_values, draw_time_scaling
+from ropelib.viz.scaling_plots import (
+    draw_operation_counts,
+    draw_singular_values,
+    draw_time_scaling,
+)
 
 SIZES = [256, 512, 1024, 2048, 4096]
 
@@ -111,3 +115,33 @@ def test_singular_values_reject_bad_inputs(spectra, kwargs, match):
     _, ax = agg_axes()
     with pytest.raises(ValueError, match=match):
         draw_singular_values(ax, spectra, **kwargs)
+
+
+def test_operation_counts_draws_each_series_and_the_crossover():
+    fig, ax = agg_axes()
+    sizes = [16, 64, 256, 1024]
+    counts = {"quadratic order": [4 * n * n * 64 for n in sizes],
+              "linear order": [4 * n * 64 * 64 for n in sizes]}
+    lines = draw_operation_counts(ax, sizes, counts, crossover=64, crossover_label="N = d")
+    assert [line.get_label() for line in lines] == list(counts)
+    for line, values in zip(lines, counts.values(), strict=True):
+        np.testing.assert_array_equal(line.get_xdata(), sizes)
+        np.testing.assert_array_equal(line.get_ydata(), values)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    marks = [line for line in ax.get_lines() if line not in lines]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [64, 64]
+    assert [t.get_text() for t in ax.texts] == ["N = d"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sizes": [64, 16]}, "positive and increasing"),
+    ({"counts": {"a": [1.0, 2.0]}}, "has 2 values but there are 3 sizes"),
+    ({"counts": {"a": [1.0, 0.0, 2.0]}}, "must be > 0"),
+    ({"counts": {}}, "at least one series"),
+    ({"crossover": 1000}, "crossover must lie within the sizes"),
+])
+def test_operation_counts_rejects_bad_inputs(kwargs, match):
+    _, ax = agg_axes()
+    args = {"sizes": [16, 32, 64], "counts": {"a": [1.0, 2.0, 3.0]}} | kwargs
+    with pytest.raises(ValueError, match=match):
+        draw_operation_counts(ax, **args)

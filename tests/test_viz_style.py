@@ -103,5 +103,30 @@ def test_scrubber_frames_span_the_column_at_the_style_resolution():
     frame = base64.b64decode(re.search(r'data:image/png;base64,([^"]+)"', html).group(1))
     image = Image.open(io.BytesIO(frame))
     width_in, height_in = style.figsize(DEFAULT_ASPECT)
-    assert image.size == (round(width_in * style.DPI), round(height_in * style.DPI))
-    assert image.info["dpi"][0] == pytest.approx(style.DPI, abs=0.05)  # PNG keeps px per metre
+    dense = style.DPI * style.DENSITY
+    assert style.DENSITY >= 2  # sharp on a screen with two pixels per page pixel
+    assert image.size == (round(width_in * dense), round(height_in * dense))
+    assert image.info["dpi"][0] == pytest.approx(dense, abs=0.05)  # PNG keeps px per metre
+    # laid out at the page size, like a figure: the tag gives it DPI pixels per inch
+    assert f'width="{round(width_in * style.DPI)}" id="_anim_img' in html
+
+
+def test_a_notebook_shows_figures_as_retina_pngs():
+    """In an IPython kernel, importing ropelib.viz has figures drawn at DENSITY times DPI and
+    tagged with their size at DPI (the inline backend's "retina" format)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib_inline.config import InlineBackend
+
+    shell = InteractiveShell.instance()
+    try:
+        style.use_book_style()
+        assert InlineBackend.instance().figure_formats == {"retina"}
+        fig = matplotlib.figure.Figure(figsize=style.figsize(0.5))
+        fig.add_subplot().plot([0, 1])
+        data, metadata = shell.display_formatter.formatters["image/png"](fig)
+        image = Image.open(io.BytesIO(data if isinstance(data, bytes)
+                                      else base64.b64decode(data)))
+        assert image.size[0] == pytest.approx(style.DENSITY * metadata["width"], abs=1)
+        assert metadata["width"] <= round(style.COLUMN_WIDTH_IN * style.DPI)
+    finally:
+        InteractiveShell.clear_instance()

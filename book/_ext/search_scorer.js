@@ -1,10 +1,13 @@
 // The book's search, offline (book/_ext/offline_search.py): Sphinx runs this file after its
-// searchtools.js on the search page. Pages whose text contains the query exactly rank
-// first, and each result shows a snippet of its page's text around the query, taken from
+// searchtools.js on the search page. A page whose title contains the query ranks first, then
+// a section whose heading contains it, then the pages whose text contains the query exactly;
+// each result shows a snippet of its page's text around the query, taken from
 // window.BOOK_PAGE_TEXT (_static/book_search_text.js): nothing is fetched. Sphinx appends
 // this file to language_data.js, whose last statement has no semicolon: a block, not a
 // function called at once, keeps the names local without being read as a call.
 {
+  const PAGE_TITLE_BONUS = 3000;
+  const SECTION_TITLE_BONUS = 2000;
   const EXACT_MATCH_BONUS = 1000;
   const SNIPPET_BEFORE = 80;
   const SNIPPET_AFTER = 160;
@@ -13,11 +16,19 @@
   const currentQuery = () =>
     (new URLSearchParams(window.location.search).get("q") || "").trim();
 
+  // A result's title is its page's title, or "page title > section heading" for a result
+  // found in a heading (its anchor then names the section).
   Scorer.score = (result) => {
-    const [docName, , , , score] = result;
+    const [docName, title, anchor, , score] = result;
     const query = currentQuery().toLowerCase();
+    if (!query) return score;
+    const headings = String(title || "").toLowerCase().split(" > ");
+    if (!anchor && headings[0].includes(query)) return score + PAGE_TITLE_BONUS;
+    if (anchor && headings[headings.length - 1].includes(query)) {
+      return score + SECTION_TITLE_BONUS;
+    }
     const text = (pageTexts()[docName] || "").toLowerCase();
-    return query && text.includes(query) ? score + EXACT_MATCH_BONUS : score;
+    return text.includes(query) ? score + EXACT_MATCH_BONUS : score;
   };
 
   // Where the snippet of a page centres: the whole query, else its first word found.

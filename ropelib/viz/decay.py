@@ -70,8 +70,9 @@ def draw_decay_bound(ax: Axes, distances: Sequence[float], head_dim: int = 128,
 
 def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
                      base: float = 10000.0, *, max_distance: int = 256) -> dict[str, float]:
-    """The walk S_0 = 0, S_1, ..., S_{d/2} of unit steps exp(i distance theta_k), and the
-    bound curve over 0 .. max_distance with ``distance`` marked.
+    """The walk S_0 = 0, S_1, ..., S_{d/2} of unit steps exp(i distance theta_k), coloured
+    by the pair of each step, above the bound curve over 0 .. max_distance with ``distance``
+    marked (a figure about as tall as it is wide: ``style.figsize(0.8)``).
 
     Both panels have axes fixed by ``head_dim``, ``base`` and ``max_distance`` only (the
     walk's box holds the walks of every distance 0 .. max_distance), so frames over the
@@ -85,37 +86,44 @@ def draw_phasor_walk(fig: Figure, distance: float, head_dim: int = 128,
                          f"got {distance!r}")
     walk = phasor_partial_sums(float(distance), head_dim, base)
     half = head_dim // 2
-    plane, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1.0]})
+    # the walk above, at full width (its box is wide and low), the bound curve below
+    grid = fig.add_gridspec(2, 2, height_ratios=[1.35, 1.0], width_ratios=[1.0, 0.025],
+                            left=0.1, right=0.9, bottom=0.09, top=0.94, hspace=0.38,
+                            wspace=0.04)
+    plane = fig.add_subplot(grid[0, 0])
+    curve = fig.add_subplot(grid[1, 0])
+    colour_bar = fig.add_subplot(grid[0, 1])
 
     points = np.column_stack([walk.real, walk.imag])
     segments = np.stack([points[:-1], points[1:]], axis=1)
-    steps = LineCollection(segments, cmap="viridis", lw=1.6, gid="walk")
+    steps = LineCollection(segments, cmap="viridis", lw=2.6, gid="walk", zorder=3)
     steps.set_array(np.arange(half))
     plane.add_collection(steps)
-    plane.plot(walk.real, walk.imag, ".", ms=2.0, color="0.45", gid="walk_points")
-    plane.plot([0.0], [0.0], "+", color="k", ms=8)
-    plane.plot([walk[-1].real], [walk[-1].imag], "o", color="tab:red", ms=5, gid="walk_end")
+    plane.plot(walk.real, walk.imag, ".", ms=1.5, color="0.75", gid="walk_points", zorder=2)
+    plane.plot([0.0], [0.0], "+", color="k", ms=8, zorder=4)
+    plane.plot([walk[-1].real], [walk[-1].imag], "o", color="tab:red", ms=6, gid="walk_end",
+               zorder=5)
     every_walk = phasor_partial_sums(np.arange(0, max_distance + 1), head_dim, base)
     pad = 0.05 * half
     plane.set_xlim(every_walk.real.min() - pad, every_walk.real.max() + pad)
     plane.set_ylim(every_walk.imag.min() - pad, every_walk.imag.max() + pad)
-    plane.set_aspect("equal")
+    plane.set_aspect("equal", anchor="W")
     plane.axhline(0.0, color="0.85", lw=0.6, zorder=0)
     plane.axvline(0.0, color="0.85", lw=0.6, zorder=0)
     plane.set_xlabel("Re")
     plane.set_ylabel("Im")
+    fig.colorbar(steps, cax=colour_bar, label="pair i")
     bound = float(np.abs(walk[1:]).mean())
     # titles as plain text: set_title re-measures the axes on every draw (slow in animations)
-    plane.text(0.5, 1.02, f"distance {distance:g}: S_j for d = {head_dim}, base {base:,.0f}",
-               transform=plane.transAxes, ha="center", va="bottom", fontsize="small")
-    plane.text(0.03, 0.04, f"|S_d/2| = {abs(walk[-1]):.2f}", transform=plane.transAxes,
-               fontsize="small", color="tab:red")
+    plane.text(0.0, 1.03, f"distance {distance:g}: S_j for d = {head_dim}, base {base:,.0f}",
+               transform=plane.transAxes, ha="left", va="bottom", fontsize="small")
+    plane.text(0.98, 0.05, f"|S_d/2| = {abs(walk[-1]):.2f}", transform=plane.transAxes,
+               ha="right", fontsize="small", color="tab:red")
 
     draw_decay_bound(curve, np.arange(0, max_distance + 1), head_dim, base)
     curve.plot([distance], [bound], "o", color="tab:red", ms=7, gid="current_bound")
-    curve.text(0.97, 0.95, f"bound = {bound:.2f}", transform=curve.transAxes, ha="right",
+    curve.text(0.97, 0.92, f"bound = {bound:.2f}", transform=curve.transAxes, ha="right",
                va="top", fontsize="small", color="tab:red")
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.17, top=0.9, wspace=0.3)
     return {"bound": bound, "end": float(abs(walk[-1]))}
 
 

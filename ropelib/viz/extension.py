@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+import matplotlib as mpl
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -25,7 +26,8 @@ from matplotlib.lines import Line2D
 from ..scaling import scaled_frequencies
 
 __all__ = ["METHOD_STYLES", "accuracy_table_html", "draw_accuracy_by_length",
-           "draw_accuracy_by_position", "draw_decoding_gap", "draw_frequency_scaling",
+           "draw_accuracy_by_position", "draw_accuracy_panels", "draw_decoding_gap",
+           "draw_frequency_scaling",
            "draw_training_losses", "extension_frequencies"]
 
 # label -> (color, linestyle); the order is the legend's
@@ -116,9 +118,10 @@ def draw_frequency_scaling(fig: Figure, factor: float, *, dim: int = 128,
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
     # fixed margins, not tight_layout: every frame of a slider gets the same layout, fast
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.3, top=0.92, wspace=0.3)
-    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(freqs),
-               fontsize="small", frameon=False)
+    # the legend in rows of three, so that it never runs past the figure's width
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.34, top=0.92, wspace=0.3)
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center",
+               ncol=math.ceil(len(freqs) / 2), fontsize="small", frameon=False)
     return freqs
 
 
@@ -136,7 +139,8 @@ def checked_lengths(lengths: Sequence[int], accuracies: Mapping[str, Any]) -> np
 
 def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mapping[str, Any], *,
                             train_length: int, chance: float | None = None,
-                            colors: Mapping[str, str] | None = None) -> list[Line2D]:
+                            colors: Mapping[str, str] | None = None,
+                            legend: bool = True) -> list[Line2D]:
     """Accuracy against evaluation length (log2 x axis), one line per model.
 
     Args:
@@ -147,9 +151,10 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
         train_length: drawn as a vertical line.
         chance: the accuracy of guessing, drawn as a dotted line.
         colors: optional ``{label: color}``, so a model keeps its color across panels.
+        legend: put the legend below the axes (``draw_accuracy_panels`` draws one for all).
 
     Returns:
-        One line per model, in the order given; the legend goes below the axes.
+        One line per model, in the order given.
     """
     n = checked_lengths(lengths, accuracies)
     lines = []
@@ -174,9 +179,47 @@ def draw_accuracy_by_length(ax: Axes, lengths: Sequence[int], accuracies: Mappin
     ax.set_xlabel("evaluation length N")
     ax.set_ylabel("look-back accuracy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
-              frameon=False)
+    if legend:
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+                  frameon=False)
     return lines
+
+
+def draw_accuracy_panels(fig: Figure, lengths: Sequence[int],
+                         panels: Sequence[tuple[str, Mapping[str, Any]]], *, train_length: int,
+                         chance: float | None = None, ncol: int = 3) -> list[Axes]:
+    """Side-by-side ``draw_accuracy_by_length`` panels sharing the y axis, a model in one
+    colour in every panel, and one legend for all of them below the panels (each model
+    once), so that the panels' legends cannot run into each other.
+
+    Args:
+        fig: the Figure to draw on.
+        lengths: evaluation lengths (positive).
+        panels: ``(title, accuracies)`` per panel, left to right.
+        train_length, chance: as in ``draw_accuracy_by_length``.
+        ncol: columns of the shared legend.
+
+    Returns:
+        The panels' Axes, left to right.
+    """
+    if not panels:
+        raise ValueError("panels must hold at least one (title, accuracies) pair, got none")
+    labels = list(dict.fromkeys(label for _, acc in panels for label in acc))
+    cycle = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    handles: dict[str, Any] = {}
+    for ax, (title, accuracies) in zip(axes, panels, strict=True):
+        draw_accuracy_by_length(ax, lengths, accuracies, train_length=train_length,
+                                chance=chance, colors=colors, legend=False)
+        ax.set_title(title, fontsize="medium")
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               fontsize="small", frameon=False)
+    return list(axes)
 
 
 def draw_accuracy_by_position(ax: Axes, correct: Mapping[str, Any], *, train_length: int,

@@ -2,9 +2,11 @@
 
 ``draw_time_scaling`` plots times measured at several sequence lengths on log-log axes, with
 the fitted power law of each series (its slope is the empirical order of growth) and faint
-reference lines of slope 1 and 2. ``draw_singular_values`` plots the normalised singular
-values of a few matrices on a log scale, which shows their rank: a cliff after index r means
-rank r. Inputs may be sequences, NumPy arrays or torch tensors (detached and copied here).
+reference lines of slope 1 and 2. ``draw_operation_counts`` plots counted (not measured)
+operations against N the same way, with the length where two orders of work cross.
+``draw_singular_values`` plots the normalised singular values of a few matrices on a log
+scale, which shows their rank: a cliff after index r means rank r. Inputs may be sequences,
+NumPy arrays or torch tensors (detached and copied here).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from matplotlib.lines import Line2D
 
 from ..book.timing import fit_power_law
 
-__all__ = ["draw_singular_values", "draw_time_scaling"]
+__all__ = ["draw_operation_counts", "draw_singular_values", "draw_time_scaling"]
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 
@@ -93,6 +95,55 @@ def draw_time_scaling(ax: Axes, sizes: Sequence[float], times: Mapping[str, Any]
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")
     return slopes
+
+
+def draw_operation_counts(ax: Axes, sizes: Sequence[float], counts: Mapping[str, Any], *,
+                          crossover: float | None = None, crossover_label: str | None = None,
+                          quantity: str = "floating-point operations") -> list[Line2D]:
+    """Draw operation counts against the sequence length on log-log axes.
+
+    Args:
+        ax: the Axes to draw on.
+        sizes: the sequence lengths N (positive, increasing).
+        counts: ``{label: counts}``, one count per size for each series.
+        crossover: a length to mark with a dotted vertical line (where two series cross).
+        crossover_label: the text written at that line.
+        quantity: what was counted, for the y label.
+
+    Returns:
+        The series' lines, in the order of ``counts``.
+    """
+    n = _as_vector("sizes", sizes)
+    if np.any(n <= 0) or np.any(np.diff(n) <= 0):
+        raise ValueError(f"sizes must be positive and increasing (log axes), got {n.tolist()}")
+    if not counts:
+        raise ValueError("counts must hold at least one series, got an empty mapping")
+    lines = []
+    for label, values in counts.items():
+        c = _as_vector(f"counts[{label!r}]", values)
+        if c.shape != n.shape:
+            raise ValueError(f"counts[{label!r}] has {c.size} values but there are {n.size} "
+                             "sizes; give one count per size")
+        if np.any(c <= 0):
+            raise ValueError(f"counts[{label!r}] must be > 0 (log axes), got {c.tolist()}")
+        (line,) = ax.plot(n, c, "-", linewidth=2, label=label)
+        lines.append(line)
+    if crossover is not None:
+        if not n[0] <= crossover <= n[-1]:
+            raise ValueError(f"crossover must lie within the sizes [{n[0]:g}, {n[-1]:g}], "
+                             f"got {crossover!r}")
+        ax.axvline(crossover, color="0.45", linestyle=":", linewidth=1)
+        if crossover_label:
+            ax.annotate(crossover_label, (crossover, 0.04), xycoords=("data", "axes fraction"),
+                        textcoords="offset points", xytext=(5, 0), fontsize="small",
+                        color="0.3")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel(quantity)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    return lines
 
 
 def draw_singular_values(ax: Axes, spectra: Mapping[str, Any], *, mark: float | None = None,

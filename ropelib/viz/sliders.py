@@ -30,7 +30,8 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
     static book's stand-in for a live slider over the same parameter. ``alt`` describes the
     animation for readers who cannot see it (the frames' alt text). ``figsize`` defaults to
     the full text column (``style.figsize(DEFAULT_ASPECT)``); frames are drawn at the book
-    style's resolution (``style.DPI``), like every other figure.
+    style's resolution (``style.DPI`` page pixels per inch, ``style.DENSITY`` PNG pixels per
+    page pixel: matplotlib's ``savefig.dpi``), like every other figure.
     """
     if not isinstance(alt, str) or not alt.strip():
         raise ValueError(f"alt must be a non-empty description of the animation, got {alt!r}")
@@ -38,7 +39,8 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
     if not values:
         raise ValueError(f"values must be a non-empty sequence for {param!r}, got {values!r}")
     fixed = dict(fixed or {})
-    fig = plt.figure(figsize=figsize or style.figsize(DEFAULT_ASPECT), dpi=style.DPI)
+    size = figsize or style.figsize(DEFAULT_ASPECT)
+    fig = plt.figure(figsize=size, dpi=style.DPI)
 
     def frame(i: int) -> list:
         fig.clear()
@@ -48,8 +50,10 @@ def scrubber(draw: Draw, param: str, values: Sequence[float], *, alt: str,
     animation = FuncAnimation(fig, frame, frames=len(values), interval=interval_ms, blit=False)
     html = animation.to_jshtml(default_mode="once")
     plt.close(fig)
-    return HTML(offline_controls(html).replace('<img id="_anim_img',
-                                               f'<img alt="{escape(alt)}" id="_anim_img', 1))
+    # frames are DENSITY times the page pixels: the tag gives the page width, as a figure's
+    width = round(size[0] * style.DPI)
+    tag = f'<img alt="{escape(alt)}" width="{width}" id="_anim_img'
+    return HTML(offline_controls(html).replace('<img id="_anim_img', tag, 1))
 
 
 # Font Awesome icon -> SVG path (16 x 16 box). Drawn shapes need no font: Unicode media
@@ -124,8 +128,8 @@ def live_slider(draw: Draw, *, figsize: tuple[float, float] | None = None,
             fig = Figure(figsize=figsize or style.figsize(DEFAULT_ASPECT), dpi=style.DPI)
             draw(fig, **{name: c.value for name, c in controls.items()})
             png = io.BytesIO()
-            fig.savefig(png, format="png", bbox_inches="tight", dpi=style.DPI)
-            display(Image(data=png.getvalue(), format="png"))
+            fig.savefig(png, format="png", bbox_inches="tight", dpi=style.DPI * style.DENSITY)
+            display(Image(data=png.getvalue(), format="png", retina=True))
 
     for control in controls.values():
         control.observe(redraw, names="value")
