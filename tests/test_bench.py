@@ -5,11 +5,16 @@ The reference for every formulation is the explicit rotation in float64 (tests/r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from reference import angles, rope_by_pairs, thetas
 
+from ropelib import native
 from ropelib.book import bench
+
+ROOT = Path(__file__).resolve().parent.parent
 
 F64 = torch.float64
 LAYOUTS = ["interleaved", "half"]
@@ -117,3 +122,53 @@ def test_mrope_candidates_rotate_by_the_multi_axis_angles():
     cos, sin = hf(x, positions.T[:, None, :])
     hf_q, _ = apply_rotary_pos_emb(x, x, cos, sin)
     torch.testing.assert_close(cases["hf_mrope"](), hf_q, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eager_candidates_run_without_the_compiled_loop(layout, monkeypatch):
+    """ropelib's paths with the loop switched off rotate like the reference, the loop is
+    really off while they run (a native.rotate call would fail), and on again after."""
+    x = torch.randn(2, 3, 16, 8)
+    cases = bench.eager_candidates(x, layout)
+    assert list(cases) == [f"{p} (eager)" for p in bench.ROPELIB_PATHS]
+    was_on = native.set_enabled(True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the compiled loop ran")
+
+    monkeypatch.setattr(native, "run", refuse)
+    expected = expected_rotation(x, layout)
+    for name in ("ropelib (eager)", "ropelib out= (eager)"):
+        torch.testing.assert_close(cases[name]().to(F64), expected, rtol=1e-5, atol=1e-5)
+    assert native.set_enabled(was_on) is True    # restored after each call
+
+
+def test_fused_loop_bytes_is_a_copy_plus_float32_half_tables():
+    for dtype, e in ((torch.float32, 4), (torch.bfloat16, 2)):
+        x = torch.zeros(2, 3, 10, 8, dtype=dtype)
+        assert bench.fused_loop_bytes(x) == 2 * 480 * e + 2 * 10 * 4 * 4
+
+
+def test_stored_tables_read_runs_titles_and_rows(tmp_path):
+    text = ("# a comment\n\n## Run 1 (commit abc)\nforward, half\n"
+            "formulation                           median us       / copy_    GB/s\n"
+            "copy_                                      68.1          1.00    3942\n"
+            "HF eager (rotate_half)                    783.5         11.51     343\n"
+            "\n## Run 2\nforward, half\nformulation   median us  / copy_  GB/s\n"
+            "copy_     60.0   1.00   4000\n  RoPE's share: 6.6%\n")
+    path = tmp_path / "results.txt"
+    path.write_text(text)
+    tables = bench.stored_tables(path)
+    assert tables == {("Run 1", "forward, half"): {"copy_": (68.1, 1.0),
+                                                    "HF eager (rotate_half)": (783.5, 11.51)},
+                      ("Run 2", "forward, half"): {"copy_": (60.0, 1.0)}}
+    path.write_text("no tables\n")
+    with pytest.raises(ValueError, match="no table found"):
+        bench.stored_tables(path)
+
+
+def test_stored_tables_read_the_h200_file():
+    tables = bench.stored_tables(ROOT / "benchmarks" / "results" / "2026-11-26-h200.txt")
+    row = tables[("Run 4", "forward, half, torch.bfloat16, (4, 32, 4096, 128) stored as "
+                           "(B, H, S, D)")]
+    assert row["copy_"] == (68.0, 1.0) and row["HF compiled"] == (69.1, 1.02)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from ropelib.book import timing
 from ropelib.book.timing import fit_loglog_slope, fit_power_law, time_call
 
 
@@ -121,3 +122,31 @@ def test_time_call_rejects_a_non_callable():
         time_call(42)
     with pytest.raises(TypeError, match="clock must be callable"):
         time_call(lambda: None, clock=1.0)
+
+
+def test_cpu_medians_time_each_case_in_turn_on_this_threads_clock(monkeypatch):
+    calls = []
+    ticks = iter(range(1000))
+    monkeypatch.setattr(timing.time, "thread_time", lambda: float(next(ticks)))
+    medians = timing.cpu_medians({"a": lambda: calls.append("a"),
+                                  "b": lambda: calls.append("b")}, rounds=3)
+    # each round: an untimed call, then a timed one, of a, then of b
+    assert calls == ["a", "a", "b", "b"] * 3
+    assert medians == {"a": 1.0, "b": 1.0}      # two clock reads around each timed call
+    with pytest.raises(ValueError, match="at least one function"):
+        timing.cpu_medians({})
+    with pytest.raises(TypeError, match=r"cases\['x'\] must be callable"):
+        timing.cpu_medians({"x": 3})
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        timing.cpu_medians({"a": lambda: None}, rounds=0)
+
+
+def test_last_level_cache_bytes_reads_the_highest_level(tmp_path):
+    for name, level, size in (("index0", 1, "32K"), ("index2", 2, "512K"), ("index3", 3, "16M")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    assert timing.last_level_cache_bytes(tmp_path) == 16 << 20
+    (tmp_path / "index3" / "size").write_text("garbage\n")       # unreadable: skipped
+    assert timing.last_level_cache_bytes(tmp_path) == 512 << 10
+    assert timing.last_level_cache_bytes(tmp_path / "nowhere") is None

@@ -56,6 +56,17 @@ def test_onsets_at_one_place_get_markers_of_different_shapes():
     assert all(m.get_markerfacecolor() == "none" for m in markers)   # hollow: both visible
 
 
+def test_one_curve_can_go_without_a_legend():
+    """A single curve named by its caption: no legend box over the data."""
+    _, ax = agg_axes()
+    draw_onsets(ax, {"a": (np.arange(4), [0.0, 0.0, 0.5, 0.5])}, threshold=0.1,
+                floor=1e-12, legend=None)
+    assert ax.get_legend() is None
+    draw_onsets(ax, {"b": (np.arange(4), [0.0, 0.5, 0.5, 0.5])}, threshold=0.1,
+                floor=1e-12, legend="upper left")
+    assert ax.get_legend()._loc == 2                  # matplotlib's code for upper left
+
+
 def test_bad_data_is_refused_with_the_name_of_the_curve():
     _, ax = agg_axes()
     with pytest.raises(ValueError, match="at least one label"):

@@ -38,6 +38,10 @@ def test_pair_bands_plot_each_line_and_the_turns():
     np.testing.assert_allclose([p.get_height() for p in bars.patches], [2.0, 0.5, 0.01])
     assert len(fig.axes) == 3                      # no second y axis on any panel
     fig.canvas.draw()
+    # the legend covers no panel (inside the left one it hid the fast pairs)
+    legend = fig.legends[0].get_window_extent()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(share)
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
     with pytest.raises(ValueError, match=r"one value per pair \(3\), got 2 and 3"):
         draw_pair_bands(agg_figure(), {"a": [1, 2]}, {"a": [1, 2, 3]}, turns=[1, 1, 1])
     with pytest.raises(ValueError, match=r"the same, non-empty set of lines"):

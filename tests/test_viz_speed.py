@@ -16,10 +16,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ropelib.viz.speed import (  # noqa: E402
     Traffic,
+    draw_clock_quantiles,
     draw_roofline,
     draw_speed_bars,
     memory_traffic,
     speed_table_html,
+    traffic_in_copies,
 )
 
 
@@ -72,6 +74,21 @@ def test_roofline_balance_and_roofs():
     assert gflops[0] == pytest.approx(intensity[0] * 10.0)
     with pytest.raises(ValueError, match="peak_flops and bandwidth must be > 0"):
         draw_roofline(ax, 0.0, 1.0, {})
+    plt.close(fig)
+
+
+def test_roofline_draws_a_point_on_top_of_another_smaller():
+    """Two formulations at the same intensity and rate (ropelib's loop in both layouts) must
+    both stay visible: the second marker is drawn inside the first, not hidden under it."""
+    fig, ax = plt.subplots()
+    draw_roofline(ax, 100e9, 10e9, {"half": (0.35, 2.0e9), "interleaved": (0.36, 2.1e9),
+                                    "elsewhere": (0.07, 0.4e9)})
+    marks = {line.get_label(): line for line in ax.lines if line.get_label() in
+             ("half", "interleaved", "elsewhere")}
+    first, second = marks["half"].get_markersize(), marks["interleaved"].get_markersize()
+    assert second < 0.7 * first
+    assert marks["elsewhere"].get_markersize() == first      # apart: full size
+    assert marks["half"].get_marker() != marks["interleaved"].get_marker()
     plt.close(fig)
 
 
@@ -332,3 +349,34 @@ def test_memory_traffic_counts_nothing_for_an_input_handed_back():
     assert memory_traffic(lambda: x.to(torch.float32)).ops == []    # x itself comes back
     assert memory_traffic(lambda: x.to(torch.float64)).total == 4 * 1000 + 8 * 1000
     assert memory_traffic(lambda: x.mul_(2.0)).total == 2 * 4 * 1000  # in place: counted
+
+
+def test_traffic_in_copies_counts_or_takes_the_model():
+    x = torch.randn(4, 8)
+    buffer = torch.empty_like(x)
+    copy = 2 * x.numel() * 4
+    got = traffic_in_copies({"clone": x.clone, "twice": lambda: (x * 2) + 1,
+                             "modelled": lambda: buffer.copy_(x)}, copy,
+                            modelled={"modelled": 3 * copy})
+    assert got == {"clone": 1.0, "twice": 2.0, "modelled": 3.0}
+    with pytest.raises(ValueError, match=r"modelled names cases that do not exist: \['y'\]"):
+        traffic_in_copies({"clone": x.clone}, copy, modelled={"y": 1})
+    with pytest.raises(ValueError, match="copy_bytes must be a positive int, got 0"):
+        traffic_in_copies({"clone": x.clone}, 0)
+
+
+def test_clock_quantiles_draw_both_clocks_sorted_and_return_medians():
+    fig, ax = plt.subplots()
+    wall, cpu = [3e-3, 1e-3, 2e-3], [1e-3, 0.5e-3, 0.9e-3]
+    medians = draw_clock_quantiles(ax, {"copy_": (wall, cpu)})
+    assert medians == {"copy_": (2e-3, 0.9e-3)}
+    solid, dashed = ax.lines
+    np.testing.assert_allclose(solid.get_ydata(), [500, 900, 1000])     # sorted, in us
+    np.testing.assert_allclose(dashed.get_ydata(), [1000, 2000, 3000])
+    np.testing.assert_allclose(solid.get_xdata(), [1 / 3, 2 / 3, 1])
+    assert dashed.get_linestyle() == "--" and solid.get_color() == dashed.get_color()
+    with pytest.raises(ValueError, match="must be finite and > 0"):
+        draw_clock_quantiles(ax, {"x": ([1.0], [0.0])})
+    with pytest.raises(ValueError, match="one non-zero length"):
+        draw_clock_quantiles(ax, {"x": ([1.0, 2.0], [1.0])})
+    plt.close(fig)

@@ -3,8 +3,11 @@
 - ``ropelib.book.baselines``: the position schemes RoPE is compared with (sinusoidal, Shaw,
   T5 buckets, ALiBi).
 - ``ropelib.book.toy``: the look-back task and the small decoder of chapter 10.
-- ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``.
-- ``ropelib.book.timing``: a call timer and log-log fits.
+- ``ropelib.book.bench``: the peer formulations and the round-robin timer behind ``make bench``,
+  the eager-fallback candidates and the fused loop's traffic model, and a reader of stored
+  results.
+- ``ropelib.book.timing``: a call timer, the CPU-time medians chapter 11 and its appendix
+  report, the last-level cache size, and log-log fits.
 - ``ropelib.book.layer``: a Llama-style decoder layer whose parts chapter 11 times.
 - ``ropelib.book.gpu_steps``: chapter 15's GPU kernel written step by step (Triton);
   ``ropelib.book.triton_probe``: its memory trace in Triton's interpreter and its PTX load

@@ -22,14 +22,23 @@ The peers are written out here from their published form, each with the tables i
   with cos/sin repeated per pair.
 - ``hf_mrope`` (Hugging Face Qwen2-VL's M-RoPE; half layout): float32 angles per axis,
   cos/sin, the chunks of each axis recomposed into one table, then ``hf_rotate_half``.
+
+For chapter 11 and its appendix: ``without_native`` runs a function with ropelib's compiled
+loop switched off (its eager fallback), ``eager_candidates`` gives ropelib's three paths that
+way, ``fused_loop_bytes`` is the traffic of the compiled loop's model (x read once, the result
+written once, the float32 tables read once), and ``stored_tables`` reads the tables of a
+stored result file of ``benchmarks/``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -254,3 +263,68 @@ def compiled_candidates(x: torch.Tensor, layout: str
 def bytes_moved(x: torch.Tensor) -> int:
     """Bytes a copy of x moves: read once, written once."""
     return 2 * x.numel() * x.element_size()
+
+
+ROPELIB_PATHS = ("ropelib", "ropelib out=", "ropelib in place")
+
+
+def without_native(fn: Callable[..., object]) -> Callable[..., object]:
+    """``fn`` with ropelib's compiled CPU loop switched off while it runs (restored after):
+    what ropelib does where the loop does not apply, its eager fallback."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        previous = native.set_enabled(False)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            native.set_enabled(previous)
+    return run
+
+
+def eager_candidates(x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
+    """ropelib's three paths (``ROPELIB_PATHS``) on x ``(B, H, S, d)`` with the compiled loop
+    switched off, named ``"<path> (eager)"``, with buffers of their own."""
+    own = forward_candidates(x, layout)
+    return {f"{path} (eager)": without_native(own[path]) for path in ROPELIB_PATHS}
+
+
+def fused_loop_bytes(x: torch.Tensor) -> int:
+    """The compiled loop's traffic in its model: x read once, the result written once, and
+    the half-width cos and sin rows of x's positions, float32 whatever x's dtype, read once.
+    A model, not a count: the loop runs outside PyTorch, where no dispatch mode sees it."""
+    table_bytes = 2 * x.shape[-2] * (x.shape[-1] // 2) * 4
+    return bytes_moved(x) + table_bytes
+
+
+_ROW = re.compile(r"^(?P<name>\S.*?)\s{2,}(?P<median>[0-9.]+)\s+(?P<ratio>[0-9.]+)\s+[0-9]+$")
+
+
+def stored_tables(path: str | Path) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
+    """The tables of a stored result file of ``benchmarks/results`` (``bench_gpu.py``'s
+    format): ``{(run, title): {formulation: (median in us, ratio to the table's baseline)}}``.
+
+    A run starts at a line ``## Run N...`` (its name: ``"Run N"``); a table is a title line,
+    a header line starting with ``formulation`` and rows ``name  median  ratio  GB/s``; a
+    blank line ends it. Rows of another shape (a share, a failed capture) are skipped.
+    """
+    tables: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    run, title, rows = None, None, None
+    previous = ""
+    for line in Path(path).read_text().splitlines():
+        heading = re.match(r"^## (Run \d+)", line)
+        if heading:
+            run, rows = heading.group(1), None
+        elif line.startswith("formulation") and run is not None:
+            title, rows = previous.strip(), {}
+            tables[(run, title)] = rows
+        elif not line.strip():
+            rows = None
+        elif rows is not None:
+            match = _ROW.match(line.strip())
+            if match:
+                rows[match["name"].strip()] = (float(match["median"]), float(match["ratio"]))
+        previous = line
+    if not tables:
+        raise ValueError(f"{path}: no table found (a '## Run N' line, a title, then a "
+                         "'formulation ...' header)")
+    return tables

@@ -1,19 +1,28 @@
-"""Timing helpers for scaling measurements: time a call, fit a power law in log-log space.
+"""Timing helpers: time a call, time candidates in turn on this thread's CPU clock, fit a power
+law in log-log space.
 
 The book times attention at several sequence lengths N and reports how time grows with N as
 the slope of a straight line through (log N, log time): about 2 for an O(N^2) algorithm and
 about 1 for an O(N) one, once N is large enough that fixed per-call overheads stop mattering.
+``cpu_medians`` is how chapter 11 and its appendix time: every round times each candidate
+once, in turn, on the CPU time of the calling thread, so that load on the machine hits all
+candidates alike and the moments the operating system gives the core to other programs are
+not counted. ``last_level_cache_bytes`` reads the size of the CPU's last-level cache, so that
+a chapter can size a tensor to come from main memory.
 These helpers need only the standard library and NumPy; what is timed is up to the caller.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fit_loglog_slope", "fit_power_law", "time_call"]
+__all__ = ["cpu_medians", "fit_loglog_slope", "fit_power_law", "last_level_cache_bytes",
+           "time_call"]
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -60,6 +69,53 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, *,
         fn()
         times.append(float(clock() - start))
     return times
+
+
+def cpu_medians(cases: Mapping[str, Callable[[], object]], rounds: int = 15
+                ) -> dict[str, float]:
+    """Median CPU seconds of the calling thread per call of each case.
+
+    Every round times each case once, in turn, right after an untimed call of the same case
+    (so that the call finds the caches as a repeated call would); the median over the rounds
+    is reported. The clock is ``time.thread_time``: on a busy machine the operating system
+    takes the core away for milliseconds at a time, which a wall clock would count as if the
+    code had run. It sees only the calling thread's work: time with one PyTorch thread.
+
+    Args:
+        cases: ``{name: fn}``, each ``fn`` a function of no arguments; at least one.
+        rounds: rounds of timing, >= 1.
+
+    Returns:
+        ``{name: median seconds}``, in the order of ``cases``.
+    """
+    if not cases:
+        raise ValueError("cases must hold at least one function to time, got none")
+    for name, fn in cases.items():
+        if not callable(fn):
+            raise TypeError(f"cases[{name!r}] must be callable with no arguments, got "
+                            f"{type(fn).__name__}")
+    _check_count("rounds", rounds, 1)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            times[name] += time_call(fn, repeats=1, warmup=1, clock=time.thread_time)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def last_level_cache_bytes(root: str | Path = "/sys/devices/system/cpu/cpu0/cache"
+                           ) -> int | None:
+    """Size in bytes of the CPU's last-level cache as Linux reports it (the ``index*/size`` of
+    the highest ``level`` under ``root``), or None where it cannot be read."""
+    sizes = {}
+    for index in Path(root).glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            unit = {"K": 10, "M": 20, "G": 30}.get(size[-1:], 0)
+            sizes[level] = int(size.rstrip("KMG")) << unit
+        except (OSError, ValueError):
+            continue
+    return sizes[max(sizes)] if sizes else None
 
 
 def _positive_vector(name: str, values: Sequence[float]) -> np.ndarray:

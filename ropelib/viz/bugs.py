@@ -31,7 +31,8 @@ def first_above(x: Sequence[float], errors: Sequence[float], threshold: float) -
 
 def draw_onsets(ax: Axes, curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
                 threshold: float, floor: float = 1e-16, xlabel: str = "position",
-                ylabel: str = "error") -> dict[str, float | None]:
+                ylabel: str = "error", legend: str | None = "lower right"
+                ) -> dict[str, float | None]:
     """Error curves on a log scale, each marked where it first exceeds ``threshold``.
 
     Exact zeros cannot be drawn on a log scale: errors below ``floor`` are drawn at ``floor``
@@ -44,6 +45,8 @@ def draw_onsets(ax: Axes, curves: Mapping[str, tuple[Sequence[float], Sequence[f
         threshold: the error that counts as wrong, drawn as a dashed line; > 0.
         floor: the smallest error drawn; > 0 and below ``threshold``.
         xlabel, ylabel: axis labels.
+        legend: where the legend goes (a matplotlib ``loc``), or None for no legend (one
+            curve that the caption names).
 
     Returns:
         ``{label: first x above threshold, or None}``, the points marked on the curves.
@@ -71,7 +74,8 @@ def draw_onsets(ax: Axes, curves: Mapping[str, tuple[Sequence[float], Sequence[f
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"{ylabel}\n(values below {floor:g} drawn at {floor:g})")
-    ax.legend(fontsize="small", loc="lower right")
+    if legend is not None:
+        ax.legend(fontsize="small", loc=legend)
     return onsets
 
 

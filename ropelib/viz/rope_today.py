@@ -55,6 +55,7 @@ def draw_pair_bands(fig: Figure, share: Mapping[str, Any], variation: Mapping[st
     Left: the share of the score's magnitude that pair i carries (the shares of one line sum
     to 1). Middle: how much pair i's contribution changes with the distance (0: not at all).
     Right: the number of turns pair i makes over the distances the task uses (``turns``).
+    The legend sits under the panels, clear of every line.
     """
     if not share or share.keys() != variation.keys():
         raise ValueError("share and variation must hold the same, non-empty set of lines, got "
@@ -74,8 +75,13 @@ def draw_pair_bands(fig: Figure, share: Mapping[str, Any], variation: Mapping[st
     left.set(xlabel="pair i (fast to slow)", ylabel="share of |score|")
     right.set(xlabel="pair i (fast to slow)", ylabel="change with distance")
     bars.set(xlabel="pair i (fast to slow)", ylabel="turns over the distances")
-    left.legend(fontsize="small", loc="upper right")   # the fast pairs sit at the left
+    # the legend goes under the panels, where it covers no data (inside the left panel it
+    # hid the fast pairs, the ones the text is about)
+    handles, labels = left.get_legend_handles_labels()
     fig.tight_layout()
+    rows = -(-len(labels) // 3)
+    fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.09 * rows)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False)
     return left, right, bars
 
 

@@ -23,7 +23,8 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["Traffic", "draw_roofline", "draw_speed_bars", "memory_traffic", "speed_table_html"]
+__all__ = ["Traffic", "draw_clock_quantiles", "draw_roofline", "draw_speed_bars",
+           "memory_traffic", "speed_table_html", "traffic_in_copies"]
 
 # Operators that create a tensor without reading any data (their tensor argument, if any,
 # only gives a shape) and operators that overwrite their first argument without reading it.
@@ -122,6 +123,21 @@ def memory_traffic(fn: Callable[[], object]) -> Traffic:
     return traffic
 
 
+def traffic_in_copies(cases: Mapping[str, Callable[[], object]], copy_bytes: int, *,
+                      modelled: Mapping[str, int] | None = None) -> dict[str, float]:
+    """Each case's memory traffic in units of a copy's: ``memory_traffic(fn).total /
+    copy_bytes``, or, for the names in ``modelled``, the bytes given there (a model, for code
+    the dispatch mode cannot see) over ``copy_bytes``. Every case runs once."""
+    if not (isinstance(copy_bytes, int) and copy_bytes > 0):
+        raise ValueError(f"copy_bytes must be a positive int, got {copy_bytes!r}")
+    modelled = dict(modelled or {})
+    unknown = set(modelled) - set(cases)
+    if unknown:
+        raise ValueError(f"modelled names cases that do not exist: {sorted(unknown)}")
+    return {name: (modelled[name] if name in modelled else memory_traffic(fn).total) / copy_bytes
+            for name, fn in cases.items()}
+
+
 def _check_medians(name: str, medians: Mapping[str, float], *required: str) -> None:
     if not medians:
         raise ValueError(f"{name} must hold at least one time, got an empty mapping")
@@ -190,7 +206,49 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     return ratios
 
 
+def draw_clock_quantiles(ax: Axes, samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
+                         ) -> dict[str, tuple[float, float]]:
+    """The times of repeated calls read by two clocks, sorted: for each candidate, its
+    wall-clock times (dashed) and the CPU times of its thread (solid), in one colour, in
+    microseconds on a log axis against the fraction of calls at or below each time.
+
+    Args:
+        ax: the Axes to draw on.
+        samples: ``{name: (wall seconds, CPU seconds)}``, one value per call in each, of one
+            length, all > 0.
+
+    Returns:
+        ``{name: (median wall seconds, median CPU seconds)}``.
+    """
+    if not samples:
+        raise ValueError("samples must hold at least one candidate, got none")
+    medians = {}
+    for i, (name, pair) in enumerate(samples.items()):
+        if len(pair) != 2:
+            raise ValueError(f"samples[{name!r}] must be a (wall, cpu) pair, got {len(pair)} items")
+        wall, cpu = (np.sort(np.asarray(v, dtype=float)) for v in pair)
+        if wall.ndim != 1 or wall.shape != cpu.shape or wall.size == 0:
+            raise ValueError(f"samples[{name!r}]: wall and cpu must be 1-D of one non-zero length, "
+                             f"got shapes {wall.shape} and {cpu.shape}")
+        if not (np.all(np.isfinite(wall)) and np.all(np.isfinite(cpu))
+                and wall.min() > 0 and cpu.min() > 0):
+            raise ValueError(f"samples[{name!r}]: times must be finite and > 0")
+        share = (np.arange(wall.size) + 1) / wall.size
+        colour = _POINT_COLOURS[i % len(_POINT_COLOURS)]
+        ax.plot(share, cpu * 1e6, color=colour, label=f"{name}, CPU time of the thread")
+        ax.plot(share, wall * 1e6, color=colour, linestyle="--", label=f"{name}, wall clock")
+        medians[name] = (float(np.median(wall)), float(np.median(cpu)))
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("fraction of calls at or below")
+    ax.set_ylabel("time of a call (µs)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+    return medians
+
+
 _POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_POINT_SIZE = 11.0
 _POINT_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
                   "tab:pink")
 
@@ -206,7 +264,8 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
         peak_flops: the compute roof, in flop/s (e.g. measured with a matrix product).
         bandwidth: the memory roof's slope, in bytes/s (e.g. measured with a copy).
         points: ``{label: (arithmetic intensity in flop/byte, achieved flop/s)}``, drawn as
-            hollow markers, each in its own shape and colour.
+            hollow markers, each in its own shape and colour; a point that lands on one
+            drawn before it is drawn smaller, inside it.
         intensity_range: the x range, in flop/byte.
         label: the roofline's name in the legend.
         more_roofs: further memory roofs under the same compute roof, ``{name: bytes/s}``
@@ -236,12 +295,19 @@ def draw_roofline(ax: Axes, peak_flops: float, bandwidth: float,
                 linestyle="--", linewidth=1, label=f"{name}: {other / 1e9:.0f} GB/s")
     ax.annotate(f"machine balance\n{balance:.1f} flop/byte", (balance, peak_flops / 1e9),
                 xytext=(4, -28), textcoords="offset points", fontsize="small", color="0.35")
+    drawn: list[tuple[float, float, float]] = []   # (log2 x, log10 y, marker size)
     for i, (label, (x, flops)) in enumerate(points.items()):
         if not (x > 0 and flops > 0):
             raise ValueError(f"points[{label!r}] must be (intensity > 0, flop/s > 0), got {(x, flops)}")
-        # hollow markers of distinct shapes and colours: a point drawn over another leaves
-        # the one under it visible as a ring
-        ax.plot([x], [flops / 1e9], _POINT_MARKERS[i % len(_POINT_MARKERS)], markersize=8,
+        # hollow markers of distinct shapes and colours; a point that lands on one drawn
+        # before (within a fifth of an octave and of a decade) is drawn smaller, inside it,
+        # so that both stay visible (down to a readable size)
+        here = (np.log2(x), np.log10(flops))
+        near = [size for lx, ly, size in drawn
+                if abs(lx - here[0]) < 0.2 and abs(ly - here[1]) < 0.2]
+        size = max(0.6 * min(near), 5.0) if near else _POINT_SIZE
+        drawn.append((*here, size))
+        ax.plot([x], [flops / 1e9], _POINT_MARKERS[i % len(_POINT_MARKERS)], markersize=size,
                 markerfacecolor="none", markeredgewidth=1.8,
                 color=_POINT_COLOURS[i % len(_POINT_COLOURS)], label=label)
     ax.set_xscale("log", base=2)
