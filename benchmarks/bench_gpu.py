@@ -727,10 +727,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.dry_run:
         dry_run_settings()
-    elif not torch.cuda.is_available():
-        DEVICE = "cpu"  # the host table only
     elif not torch.cuda.is_available() and args.only != "host":
         raise SystemExit("bench_gpu.py needs a CUDA GPU (or --dry-run, or --only host)")
+    elif not torch.cuda.is_available():
+        DEVICE = "cpu"  # the host table only
     names = args.only.split(",") if args.only else [n for n in TABLES if n != "sweep"] + (
         ["sweep"] if args.sweep else [])
     unknown = set(names) - set(TABLES)
