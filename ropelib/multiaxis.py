@@ -213,9 +213,9 @@ def axis_tables(positions: torch.Tensor, frequencies: torch.Tensor, *,
     if dtype not in _TABLE_DTYPES:
         raise ValueError(f"dtype must be one of {_TABLE_DTYPES} (angles need the precision), "
                          f"got {dtype}")
-    kind = positions.device.type  # the meta device has no autocast to turn off
-    with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else (
-            contextlib.nullcontext()):
+    kind = positions.device.type  # the meta device has no autocast to turn off (a test of
+    # the type, not torch.amp.is_autocast_available, which torch 2.11's compiler cannot trace)
+    with torch.autocast(kind, enabled=False) if kind != "meta" else contextlib.nullcontext():
         W = frequencies.to(device=positions.device, dtype=torch.float64)
         angles = positions.to(torch.float64) @ W.T
         return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)

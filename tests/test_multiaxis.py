@@ -342,7 +342,10 @@ def test_rotary_embedding_gathers_what_axis_tables_computes(device):
     assert cos.shape == (2, 25, 64)
     assert_same(cos, ref_cos, **GPU_TABLES)
     assert_same(sin, ref_sin, **GPU_TABLES)
-    assert rotary.cached_len >= int(positions.max()) + 1  # grew on demand
+    if device.type == "cpu":
+        assert rotary.cached_len >= int(positions.max()) + 1  # grew on demand
+    else:  # no largest position read back from a GPU: rows computed from W, no growth
+        assert rotary.cached_len == 16
 
 
 @pytest.mark.parametrize("order", ["chunked", "interleaved"])

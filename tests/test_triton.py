@@ -142,15 +142,13 @@ def test_query_and_key_in_one_launch(device, layout, dtype, monkeypatch):
     """apply_rope_qk: q with 4 heads and k with 2 (GQA) at per-row positions, one launch of
     the kernel for both; new outputs, out= and in place all equal the float64 rotation."""
     launches = []
-    kernel = triton_rope._compiled if device.type == "cuda" else triton_rope._interpreted
+    launch = triton_rope._launch
 
-    class Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return kernel[grid]
+    def counting(x, prepared, tensors):  # every launch, prepared (raw) ones included
+        launches.append(prepared.grid)
+        launch(x, prepared, tensors)
 
-    monkeypatch.setattr(triton_rope, "_compiled" if device.type == "cuda" else "_interpreted",
-                        Counting())
+    monkeypatch.setattr(triton_rope, "_launch", counting)
     q = torch.randn(2, 4, 5, 16, device=device).to(dtype)
     k = torch.randn(2, 2, 5, 16, device=device).to(dtype)
     positions = torch.randint(0, 32, (2, 5))
