@@ -661,6 +661,55 @@ def host_table() -> None:
             print(f"  {name:<44}{shown}")
 
 
+def launch_path_table() -> None:
+    """Which launch each call takes after its first: the prepared raw launch, or Triton's JIT
+    (its argument binding costs about 100 us of host time a call). Counts the calls that go
+    through ``triton_rope._compiled[grid]`` in 50 calls after one warm-up call, per case of
+    the tables above whose eager time was far above its CUDA graph replay."""
+    b, h, s, d = SHAPE
+    cos, sin = generate_rope_embeddings(s, d, device=DEVICE)
+    x = randn(*SHAPE)
+    xs = randn(b, s, h, d).transpose(1, 2)
+    q, k, positions, axes, m_cos, m_sin, *_ = mrope_inputs()
+    q_buf, k_buf = torch.empty_like(q), torch.empty_like(k)
+    hq, hk = QK_HEADS
+    dq, dk = randn(DECODE_ROWS, hq, 1, d), randn(DECODE_ROWS, hk, 1, d)
+    rows = torch.randint(0, s, (DECODE_ROWS, 1), device=DEVICE)
+    cases = {f"{storage} {layout}{' out=' if out else ''}": functools.partial(
+        apply_rope, t, cos, sin, layout=layout, out=torch.empty_like(t) if out else None)
+        for storage, t in (("(B, H, S, D)", x), ("(B, S, H, D)", xs))
+        for layout in ("half", "interleaved") for out in (False, True)}
+    cases["M-RoPE q + k out="] = lambda: apply_rope_qk(
+        q, k, m_cos, m_sin, layout="half", positions=positions, axes=axes, out=(q_buf, k_buf))
+    cases["decode q + k positions"] = lambda: apply_rope_qk(
+        dq, dk, cos, sin, layout="half", positions=rows)
+    jit = triton_rope._compiled
+
+    class Counting:
+        calls = 0
+
+        def __getitem__(self, grid):
+            Counting.calls += 1
+            return jit[grid]
+
+    print(f"\nlaunch path, {SHAPE} bf16 and the decode and M-RoPE calls above: calls through "
+          "Triton's JIT in 50 calls after the first (0: all took the prepared raw launch), "
+          "and the wall time per call of 200 calls in a row")
+    triton_rope._compiled = Counting()
+    try:
+        for name, fn in cases.items():
+            fn()
+            Counting.calls = 0
+            for _ in range(1 if DRY_RUN else 50):
+                fn()
+            sync()
+            print(f"  {name:<44}{Counting.calls:4d}{wall_us(fn):10.1f} us")
+    finally:
+        triton_rope._compiled = jit
+    for name in ("(B, S, H, D) half out=", "(B, S, H, D) interleaved out="):
+        kernels_by_time(name, cases[name])
+
+
 def sweep() -> None:
     """The kernel's tile shapes at the single-tensor shape: tokens per program, heads per
     program and warps, for both layouts and dtypes (ratios to copy_ in the same run)."""
@@ -702,7 +751,7 @@ TABLES = {
     "qk": functools.partial(qk_table, torch.bfloat16), "mrope": mrope_table,
     "backward": backward_table, "decode": decode_table, "fused": fused_api_table,
     "module_decode": module_decode_table, "attention": attention_table, "host": host_table,
-    "sweep": sweep,
+    "launch_path": launch_path_table, "sweep": sweep,
 }
 
 
