@@ -565,6 +565,8 @@ def attention_table() -> None:
         print(f"  RoPE's share of the module's forward: {share:.1%}")
         for name in ("module, RoPE", "module compiled, RoPE", "module compiled, no RoPE"):
             kernels_by_time(name, cases[name])
+        for name in ("module compiled, RoPE", "module compiled, no RoPE"):
+            host_side(name, cases[name])
 
 
 def kernels_by_time(name: str, fn) -> None:
@@ -586,6 +588,29 @@ def kernels_by_time(name: str, fn) -> None:
     for e in events[:8]:
         total = e.device_time_total if DEVICE == "cuda" else e.cpu_time_total
         print(f"    {total / 10:9.1f} us  x{e.count // 10:<3} {e.key[:90]}")
+
+
+def host_side(name: str, fn) -> None:
+    """The host's side of 10 calls of fn: the operations and runtime calls by their own CPU
+    time (the top 10), and the calls that wait for the device (synchronizations, copies to
+    the host), which leave the GPU idle while Python runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(10):
+            fn()
+        sync()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    waits = [e for e in events if any(word in e.key for word in ("Synchronize", "DtoH", "item",
+                                                                   "_local_scalar_dense"))]
+    print(f"  {name}: host, by own CPU time per call (of 10 calls)")
+    for e in events[:10]:
+        print(f"    {e.self_cpu_time_total / 10:9.1f} us  x{e.count / 10:<5g} {e.key[:80]}")
+    print("    waits for the device: " + (", ".join(
+        f"{e.key[:50]} x{e.count / 10:g}" for e in waits) or "none"))
 
 
 def fused_api_table() -> None:
