@@ -1,6 +1,5 @@
 """ropelib.book.gpu_runs: stored runs of chapter 15's step kernels (refused when the kernels'
-source changed), the readers of the H200 measurements made before the step kernels existed,
-and the steps the chapter draws from either."""
+source changed), the reader of bench_gpu.py's results, and the steps the chapter draws."""
 
 from __future__ import annotations
 
@@ -59,6 +58,25 @@ def test_a_stored_run_of_other_kernels_is_refused(tmp_path):
         gpu_runs.read_step_run(dry)
 
 
+def test_latest_step_run_is_the_newest_file_and_none_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bench_gpu_steps.py"):
+        gpu_runs.latest_step_run(tmp_path)
+    for date in ("2026-12-01", "2026-11-30"):
+        (tmp_path / f"{date}-nvidia-h200-gpu-steps.txt").write_text(
+            gpu_runs.format_step_run(a_run(date=date)))
+    assert gpu_runs.latest_step_run(tmp_path).meta["date"] == "2026-12-01"
+
+
+def test_the_stored_h200_run_is_this_source_s_and_read_as_written():
+    run = gpu_runs.read_step_run(gpu_runs.RESULTS / "2026-11-27-h200-gpu-steps.txt")
+    assert run.meta["device"] == "cuda: NVIDIA H200"
+    copy = run.find("copy_", "bfloat16")[0]
+    assert copy.us == 68.608
+    replay = run.find("decode: CUDA graph replay")[0]
+    assert replay.us == 12.064 and math.isnan(replay.baseline_us)
+    assert len(run.find(gpu_runs.STEP4, "float32", "interleaved")) == 12
+
+
 @pytest.mark.parametrize("text, match", [
     ("# date 2026\n", "'# key: value'"),
     ("# date: 2026\na,b\n", "expected the columns"),
@@ -81,27 +99,6 @@ def test_run_steps_takes_the_tuned_launch_for_step_4_and_medians_elsewhere():
     assert (gpu_runs.STEP4, "interleaved") not in points  # failed: no point
 
 
-def test_the_design_files_are_read_as_written():
-    designs = gpu_runs.read_designs()
-    assert len(designs) == 116
-    first = designs[0]
-    assert (first.design, first.dtype, first.layout, first.settings, first.storage,
-            first.us, first.ratio) == ("1-per-head-tables", "bfloat16", "half",
-                                       (("BM", 8),), "BHSD", 144.6, 2.02)
-    bshd = [t for t in designs if t.design == "1-per-head-tables" and t.storage == "BSHD"]
-    assert [(t.layout, t.dtype, t.ratio) for t in bshd] == [
-        ("half", "bfloat16", 1.91), ("interleaved", "bfloat16", 16.35),
-        ("half", "float32", 1.45), ("interleaved", "float32", 8.56)]
-    two = [t for t in designs if t.design == "2-tables-once-per-block"
-           and t.settings == (("BM", 64), ("warps", 8)) and t.dtype == "bfloat16"
-           and t.layout == "interleaved"]
-    assert [(t.storage, t.us, t.ratio) for t in two] == [("BHSD", 101.3, 1.36),
-                                                          ("BSHD", 99.1, 1.33)]
-    assert gpu_runs.read_design_decode() == {"eager launch": 42.4, "graph replay": 14.9,
-                                             "rotations in one graph": 32.0,
-                                             "each in one graph": 2.36}
-
-
 def test_the_bench_gpu_results_are_read_as_written():
     runs = gpu_runs.read_bench_gpu()
     assert list(runs) == ["Run 1", "Run 2", "Run 4", "Run 5"]
@@ -122,20 +119,6 @@ def test_the_bench_gpu_results_are_read_as_written():
     sweep = runs["Run 1"]["sweep"]["bfloat16 interleaved"]
     assert sweep["default"] == ("(32, 32, 4)", 1.44)
     assert sweep["best"][0] == ("(16, 4, 8)", 1.05) and len(sweep["best"]) == 4
-
-
-def test_pre_kernel_steps_label_their_sources():
-    points = gpu_runs.pre_kernel_steps(gpu_runs.read_designs(), gpu_runs.read_bench_gpu())
-    by = {(p.step, p.dtype, p.layout): p for p in points}
-    step1 = by["step 1: tables per head", "bfloat16", "half"]
-    assert step1.measured == (2.02, 2.04, 2.05, 1.95) and step1.predicted == 2.0
-    assert "source not kept" in step1.source
-    stride = by["step 2: stride-2 loads", "float32", "interleaved"]
-    assert stride.measured == (2.33, 4.33, 8.98, 9.11) and stride.predicted == 1.5
-    assert not any(p.step == "step 2: rows split in registers" for p in points)
-    step4 = by[gpu_runs.STEP4, "float32", "interleaved"]
-    assert step4.measured == (1.10,) and "ropelib/triton_rope.py" in step4.source
-    assert step4.predicted == 1.125
 
 
 def test_predicted_ratio_is_one_plus_two_over_h_e():

@@ -1,5 +1,5 @@
 """GPU timings of chapter 15's kernels: measured live, stored by the benchmark, or read from
-the measurements made before ropelib had a kernel.
+ropelib's own GPU benchmark.
 
 Three sources, never mixed up:
 
@@ -7,14 +7,12 @@ Three sources, never mixed up:
   of the same bytes in the same process (on CUDA with ``triton.testing.do_bench``: CUDA
   events, L2 flushed, medians; on the CPU a dry run in Triton's interpreter whose times mean
   nothing). ``benchmarks/bench_gpu_steps.py`` writes its result with ``format_step_run``.
-- ``read_step_run``: a stored run of the step kernels. Its header carries the hash of the
-  kernels' source it timed; a run whose hash differs from ``gpu_steps.source_hash()`` is
-  refused (ValueError): its numbers belong to other code.
-- ``read_designs`` / ``read_bench_gpu``: the H200 measurements of 2026-11-26 in
-  ``benchmarks/results/``: Triton kernels of the same designs as the steps, whose source was
-  not kept (``2026-11-26-h200-designs/``), and ropelib's own kernel
-  (``2026-11-26-h200.txt``). No hash ties them to the step kernels; ``pre_kernel_steps``
-  labels every number it takes from them with its file.
+- ``read_step_run`` / ``latest_step_run``: a stored run of the step kernels. Its header
+  carries the hash of the kernels' source it timed; a run whose hash differs from
+  ``gpu_steps.source_hash()`` is refused (ValueError): its numbers belong to other code.
+- ``read_bench_gpu``: the tables of ``benchmarks/bench_gpu.py`` (ropelib's own kernel, the
+  compiled formulas, decode steps), e.g. ``2026-11-26-h200.txt``. No hash ties them to the
+  step kernels.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ from . import gpu_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-DESIGNS = RESULTS / "2026-11-26-h200-designs"
 BENCH_GPU = RESULTS / "2026-11-26-h200.txt"
 STEP_RUNS = "*-gpu-steps.txt"
 """The file names ``benchmarks/bench_gpu_steps.py`` stores its runs under."""
@@ -168,6 +165,17 @@ def step_runs(folder: str | Path = RESULTS) -> list[StepRun]:
     """Every stored step run in ``folder`` (``*-gpu-steps.txt``), oldest first; a stored run
     of other kernels makes this raise (``read_step_run``)."""
     return [read_step_run(path) for path in sorted(Path(folder).glob(STEP_RUNS))]
+
+
+def latest_step_run(folder: str | Path = RESULTS) -> StepRun:
+    """The newest stored step run in ``folder`` (by file name, which starts with the date);
+    FileNotFoundError if there is none."""
+    runs = step_runs(folder)
+    if not runs:
+        raise FileNotFoundError(f"no stored run of the step kernels ({STEP_RUNS}) in {folder}: "
+                                f"run benchmarks/bench_gpu_steps.py on a GPU and store its "
+                                f"output there")
+    return runs[-1]
 
 
 # --------------------------------------------------------------------------- measuring
@@ -420,60 +428,7 @@ def _commit() -> str:
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
-# --------------------------------------------------------------------------- pre-kernel runs
-
-@dataclass(frozen=True)
-class DesignTiming:
-    """One row of ``2026-11-26-h200-designs/``: the design (file stem), dtype, layout, the
-    settings (``BM`` tokens a program, ``HB`` heads a program, ``warps``), the storage of x
-    (``BHSD`` or ``BSHD``), its median time and its ratio to ``copy_``."""
-
-    design: str
-    dtype: str
-    layout: str
-    settings: tuple[tuple[str, int], ...]
-    storage: str
-    us: float
-    ratio: float
-
-
-def read_designs(folder: str | Path = DESIGNS) -> list[DesignTiming]:
-    """Every timing of the three pre-kernel design files, as written there."""
-    timings = []
-    for path in sorted(Path(folder).glob("[0-9]-*.txt")):
-        dtype = None
-        for line in path.read_text().splitlines():
-            header = re.match(r"torch\.(\w+) \(", line)
-            if header:
-                dtype = header.group(1)
-                continue
-            words = line.split()
-            if not words or words[0] not in ("half", "interleaved") or dtype is None:
-                continue
-            settings = tuple((k, int(v)) for k, v in re.findall(r"\b(BM|HB|warps)=(\d+)", line))
-            for segment in line.split(";"):
-                m = re.search(r"([\d.]+) us\s+([\d.]+)x", segment)
-                if m:
-                    storage = "BSHD" if "BSHD" in segment else "BHSD"
-                    timings.append(DesignTiming(path.stem, dtype, words[0], settings, storage,
-                                                float(m.group(1)), float(m.group(2))))
-    if not timings:
-        raise ValueError(f"no timings found in {folder}")
-    return timings
-
-
-def read_design_decode(folder: str | Path = DESIGNS) -> dict[str, float]:
-    """The decode line of ``1-per-head-tables.txt`` (q of 64 rows at their own positions):
-    microseconds per eager launch, per CUDA graph replay, and per rotation when 32 of them
-    are replayed in one graph."""
-    text = (Path(folder) / "1-per-head-tables.txt").read_text()
-    one = re.search(r"one launch ([\d.]+) us, CUDA graph replay ([\d.]+) us", text)
-    many = re.search(r"(\d+) rotations in one graph: ([\d.]+) us \(([\d.]+) us each\)", text)
-    if not (one and many):
-        raise ValueError("1-per-head-tables.txt has no decode line")
-    return {"eager launch": float(one.group(1)), "graph replay": float(one.group(2)),
-            "rotations in one graph": float(many.group(1)), "each in one graph": float(many.group(3))}
-
+# --------------------------------------------------------------------------- bench_gpu.py runs
 
 def read_bench_gpu(path: str | Path = BENCH_GPU) -> dict[str, dict[str, dict[str, object]]]:
     """The tables of a ``bench_gpu.py`` results file: run ("Run 4") -> table title -> row
@@ -542,38 +497,6 @@ def predicted_ratio(design: str, heads: int, dtype: str,
     args = (1, heads, 1, 2, x_bytes)
     return (gpu_steps.predicted_bytes(design, *args, heads_per_program=heads_per_program)
             / gpu_steps.predicted_bytes("copy", *args))
-
-
-def pre_kernel_steps(designs: list[DesignTiming], bench: dict, heads: int = SHAPE[1]
-                     ) -> list[StepPoint]:
-    """The chapter's steps from the H200 measurements made before the step kernels existed:
-    steps 1 and 2 (stride-2 loads) and 3 from kernels of the same designs
-    (``2026-11-26-h200-designs``, x stored as (B, H, S, D)), step 4 from ropelib's kernel
-    (``2026-11-26-h200.txt`` run 4, "kernel alone"). Step 2 with rows split in registers
-    was not measured on its own there: it has no point."""
-    points = []
-    wanted = (("1-per-head-tables", "half", "step 1: tables per head", "per head"),
-              ("1-per-head-tables", "interleaved", "step 2: stride-2 loads", "per head"),
-              ("2-tables-once-per-block", "half", STEP3, "per block"),
-              ("2-tables-once-per-block", "interleaved", STEP3, "per block"))
-    for design, layout, step, model in wanted:
-        for dtype in ("bfloat16", "float32"):
-            rows = [t.ratio for t in designs if (t.design, t.layout, t.dtype, t.storage)
-                    == (design, layout, dtype, "BHSD")]
-            points.append(StepPoint(step, dtype, layout, predicted_ratio(model, heads, dtype),
-                                    tuple(rows), statistics.median(rows),
-                                    f"{design}.txt (kernels of this design, source not kept)"))
-    run = bench["Run 4"]
-    for dtype in ("bfloat16", "float32"):
-        for layout in ("half", "interleaved"):
-            table = run[f"forward, {layout}, torch.{dtype}, {SHAPE} stored as (B, H, S, D)"]
-            ratio = table["kernel alone (no Python checks)"][1]
-            points.append(StepPoint(
-                STEP4, dtype, layout,
-                predicted_ratio("per block", heads, dtype, TUNED["heads_per_program"]),
-                (ratio,), ratio,
-                "2026-11-26-h200.txt run 4 (ropelib's kernel, ropelib/triton_rope.py)"))
-    return points
 
 
 def run_steps(run: StepRun) -> list[StepPoint]:
