@@ -82,7 +82,7 @@ def check_int_tensor(name: str, t: object) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer positions, got dtype {t.dtype}; use .long() "
                         "(every integer dtype is accepted)")
-    return t.long()
+    return t if t.dtype == torch.int64 else t.long()
 
 
 def check_base(base: float) -> None:

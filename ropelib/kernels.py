@@ -208,17 +208,9 @@ def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
                     positions: torch.Tensor | None, axes: torch.Tensor | None,
                     pending: Pending | None = None) -> None:
-    """``run_backend`` of q and k into their destinations, after checking that no
-    destination overwrites what the other rotation still reads or writes."""
-    check_out_memory(q, q_out, cos, sin, "q_out", "q")
-    check_out_memory(k, k_out, cos, sin, "k_out", "k")
-    for name, a, other, b in (("q_out", q_out, "k", k), ("k_out", k_out, "q", q),
-                              ("q_out", q_out, "k_out", k_out)):
-        if a.device.type == "meta":
-            break
-        if _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b):
-            raise ValueError(f"{name} shares memory with {other}; rotating q and k together "
-                             "needs destinations apart from the other tensor")
+    """``run_backend`` of q and k into their destinations, after ``check_out_memory``
+    (neither destination may overwrite what the other rotation still reads or writes)."""
+    check_out_memory((q, k), (q_out, k_out), cos, sin, (("q_out", "q"), ("k_out", "k")))
     run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
                 pending)
 
@@ -295,46 +287,66 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                  rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
                  axes: torch.Tensor | None, pending: Pending | None = None) -> None:
     """``rotate_plain`` into ``out`` after ``check_out_memory``."""
-    check_out_memory(x, out, cos, sin)
+    check_out_memory((x,), (out,), cos, sin)
     rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, pending)
 
 
-def check_out_memory(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, name: str = "out", x_name: str = "x") -> None:
-    """Checked on the real tensors (so also in a compiled graph): out may not overlap the
-    tables, nor share an element with x unless it is x itself. Meta tensors hold no memory
-    (every one reports address 0): nothing to check. An inference tensor (made under
-    ``torch.inference_mode()``) takes no write outside inference mode, as PyTorch's own
-    in-place operators refuse it."""
-    if out.is_inference() and not torch.is_inference_mode_enabled():
-        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) "
-                         "and this call is outside inference mode, where PyTorch refuses "
-                         "in-place updates to inference tensors; call it under "
-                         f"torch.inference_mode(), or pass a destination made outside it "
-                         f"(e.g. {x_name}.clone())")
-    if out.device.type == "meta":
-        return
-    out_span = _byte_span(out)
-    for table_name, table in (("cos", cos), ("sin", sin)):
-        if _intersect(out_span, _byte_span(table)):
-            raise ValueError(f"{name} shares memory with {table_name}; the rotation would "
-                             "overwrite the table it reads. Pass a separate buffer")
-    if ((out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride())
-            and _intersect(out_span, _byte_span(x)) and _share_elements(out, x)):
-        raise ValueError(f"{name} shares memory with {x_name} but is not {x_name} itself "
-                         f"(other strides or offset); pass {name}={x_name} for an in-place "
-                         "rotation or a separate buffer")
+def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     cos: torch.Tensor, sin: torch.Tensor,
+                     names: Sequence[tuple[str, str]] = (("out", "x"),)) -> None:
+    """Checked on the real tensors (so also in a compiled graph), for each destination of
+    ``outs`` (named ``names[i] = (its name, its x's name)``): it may not overlap the tables,
+    nor share an element with its x unless it is x itself; for a query and a key rotated
+    together, neither destination may share an element with the other x or the other
+    destination. Each tensor's addresses are worked out once (``_byte_span``). Meta tensors
+    hold no memory (every one reports address 0): nothing to check. An inference tensor
+    (made under ``torch.inference_mode()``) takes no write outside inference mode, as
+    PyTorch's own in-place operators refuse it."""
+    tables = (("cos", _byte_span(cos)), ("sin", _byte_span(sin)))
+    x_spans = [_byte_span(x) for x in xs]
+    in_place = [out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
+                for x, out in zip(xs, outs, strict=True)]
+    out_spans = [x_span if same else _byte_span(out)
+                 for x_span, same, out in zip(x_spans, in_place, outs, strict=True)]
+    for x, out, x_span, same, out_span, (name, x_name) in zip(
+            xs, outs, x_spans, in_place, out_spans, names, strict=True):
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"{name} is an inference tensor (made under "
+                             "torch.inference_mode()) and this call is outside inference "
+                             "mode, where PyTorch refuses in-place updates to inference "
+                             "tensors; call it under torch.inference_mode(), or pass a "
+                             f"destination made outside it (e.g. {x_name}.clone())")
+        for table_name, table_span in tables:
+            if _intersect(out_span, table_span):
+                raise ValueError(f"{name} shares memory with {table_name}; the rotation "
+                                 "would overwrite the table it reads. Pass a separate buffer")
+        if not same and _intersect(out_span, x_span) and _share_elements(out, x):
+            raise ValueError(f"{name} shares memory with {x_name} but is not {x_name} itself "
+                             f"(other strides or offset); pass {name}={x_name} for an "
+                             "in-place rotation or a separate buffer")
+    if len(xs) == 2:
+        (q, k), (q_out, k_out), (q_span, k_span), (q_out_span, k_out_span) = (
+            xs, outs, x_spans, out_spans)
+        for name, a, a_span, other, b, b_span in (
+                ("q_out", q_out, q_out_span, "k", k, k_span),
+                ("k_out", k_out, k_out_span, "q", q, q_span),
+                ("q_out", q_out, q_out_span, "k_out", k_out, k_out_span)):
+            if _intersect(a_span, b_span) and _share_elements(a, b):
+                raise ValueError(f"{name} shares memory with {other}; rotating q and k "
+                                 "together needs destinations apart from the other tensor")
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """The addresses [first, last + 1) of t's elements; empty for an empty tensor. Only
-    views of one buffer can have intersecting spans."""
-    if t.numel() == 0:
+    """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
+    meta tensor (it holds no memory). Only views of one buffer can have intersecting
+    spans."""
+    if t.is_meta or not t.numel():
         return 0, 0
+    start = t.data_ptr()
     if t.is_contiguous():
-        return t.data_ptr(), t.data_ptr() + t.nbytes
+        return start, start + t.nbytes
     extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+    return start, start + (extent + 1) * t.element_size()
 
 
 def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -428,6 +440,10 @@ class Pending(NamedTuple):
     step: bool
 
 
+PENDING = {(clamp, step): Pending(clamp, step) for clamp in (False, True)
+           for step in (False, True)}  # the four, made once (a call builds none)
+
+
 def settle(x: torch.Tensor, cos: torch.Tensor, positions: torch.Tensor | None,
            axes: torch.Tensor | None, pending: Pending | None) -> torch.Tensor | None:
     """``Pending`` coordinates made plain with PyTorch operations on their device (no value
@@ -461,7 +477,7 @@ def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
-        reason = forced_refusal(xs, outs, cos, sin, rotary_dim, positions)
+        reason = _refusal(forced, xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
         return _backend(forced)[0]
@@ -513,7 +529,7 @@ def backend_status(device: str | torch.device = "cpu",
         return BackendStatus(None, f"no tensor can be made on {device} here: every call "
                                    f"raises ({type(error).__name__}: {error})")
     if forced:
-        reason = forced_refusal(*probe)
+        reason = _refusal(forced, *probe)
         if reason:
             return BackendStatus(None, f"ROPELIB_BACKEND={forced} forces a backend that "
                                        f"declines this call ({reason}): every such call "
@@ -543,14 +559,11 @@ def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
     return [x], [None], cos, cos, 8, None
 
 
-def forced_refusal(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None = None) -> str | None:
-    """Why the backend ``ROPELIB_BACKEND`` forces cannot take this call (None: it takes it,
-    or nothing is forced); ``declines``' arguments."""
-    forced = os.environ.get("ROPELIB_BACKEND")
-    if not forced:
-        return None
+def _refusal(forced: str, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+             cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+             positions: torch.Tensor | None = None) -> str | None:
+    """Why the backend ``forced`` (the value of ``ROPELIB_BACKEND``, read once by the
+    caller) cannot take this call (None: it takes it); ``declines``' arguments."""
     if forced not in BACKENDS:
         return f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
     backend, reason = _backend(forced)
@@ -562,11 +575,11 @@ def check_forced_under_transform(x: torch.Tensor) -> None:
     the backend (the kernels take plain tensors only); a forced backend that would decline
     the call (x's dtype on x's device, contiguous) raises as the call without the transform
     does, so a forced backend is never passed over in silence."""
-    if not os.environ.get("ROPELIB_BACKEND"):
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if not forced:
         return
-    reason = forced_refusal(*_probe(x.device, x.dtype))
+    reason = _refusal(forced, *_probe(x.device, x.dtype))
     if reason:
-        raise ValueError(f"ROPELIB_BACKEND={os.environ['ROPELIB_BACKEND']} cannot rotate this "
-                         f"call: {reason} (under a torch.func transform the rotation runs as "
-                         "PyTorch operations, but a forced backend that declines the call "
-                         "refuses it there too)")
+        raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason} (under "
+                         "a torch.func transform the rotation runs as PyTorch operations, but "
+                         "a forced backend that declines the call refuses it there too)")

@@ -292,7 +292,7 @@ def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
     they were checked here."""
     if not deferred:
         return None
-    return kernels.Pending(short_table == "repeat_last" and cos.shape[0] > 0, step)
+    return kernels.PENDING[short_table == "repeat_last" and cos.shape[0] > 0, step]
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -511,7 +511,8 @@ def _device_coordinates(positions: torch.Tensor, x: torch.Tensor, offset: int,
     ``(1 or batch, 1, ..., seq, 1)``, which the kernel reads the table rows through (no
     gather, nothing read back to the host, their range still pending: ``_rows``)."""
     positions = _check_positions(positions, x, offset, cos.shape[0], "raise", deferred=True)
-    positions = positions.to(cos.device)
+    if positions.device != cos.device:
+        positions = positions.to(cos.device)
     lead = (1,) * (x.ndim - 2) if positions.ndim == 1 else (
         positions.shape[:1] + (1,) * (x.ndim - 3))
     return positions.reshape(lead + positions.shape[-1:] + (1,))

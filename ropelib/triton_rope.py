@@ -358,7 +358,8 @@ def _rotate(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, co
 
 
 def _meta(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), t.stride(), t.dtype
+    """(shape, strides, dtype): what the launch of t depends on but its pointer."""
+    return t.shape, t.stride(), t.dtype
 
 
 @functools.lru_cache(maxsize=512)

@@ -14,6 +14,8 @@ assertions on, bad coordinates fail with a message that names them.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from reference import angles, rope_by_pairs, thetas
@@ -106,6 +108,50 @@ def test_a_device_call_is_one_launch_and_nothing_else(launches, name):
     assert recorder.device_work() == []
     assert recorder.allocations() == new
     assert dict(launches[0].constexprs).items() >= constexprs.items()
+
+
+class CountingEnviron(dict):
+    """A copy of the environment that counts the reads of ``ROPELIB_BACKEND``."""
+
+    reads = 0
+
+    def get(self, key, default=None):
+        self.reads += key == "ROPELIB_BACKEND"
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.reads += key == "ROPELIB_BACKEND"
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize(("name", "distinct"), [
+    ("qk positions out=", 6), ("qk in place", 4), ("out=", 4), ("in place", 3)])
+def test_a_device_call_reads_the_environment_once_and_each_span_once(
+        launches, monkeypatch, name, distinct):
+    """The host's work of a call does not grow with the checks it makes (issue 44, item 1):
+    ``ROPELIB_BACKEND`` is read once, and the addresses of each distinct tensor (x or q and
+    k, their destinations, the tables) once for every overlap check of the destinations."""
+    q, k, cos, sin = decode_inputs()
+    positions = torch.randint(0, 64, (4, 1))
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    call = {
+        "qk positions out=": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
+                                                   out=(q_out, k_out)),
+        "qk in place": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
+                                             inplace=True),
+        "out=": lambda: apply_rope(q, cos, sin, positions=positions, out=q_out),
+        "in place": lambda: apply_rope(q, cos, sin, positions=positions, out=q),
+    }[name]
+    environ = CountingEnviron(os.environ)
+    monkeypatch.setattr(os, "environ", environ)
+    spans = []
+    byte_span = kernels._byte_span
+    monkeypatch.setattr(kernels, "_byte_span", lambda t: spans.append(t) or byte_span(t))
+    for _ in range(3):
+        call()
+    assert len(launches) == 3 and environ.reads == 3
+    assert len(spans) == 3 * distinct
+    assert len({id(t) for t in spans[:distinct]}) == distinct
 
 
 @pytest.mark.parametrize("storage", ["(B, H, S, D)", "(B, S, H, D)"])
