@@ -181,6 +181,47 @@ def test_a_device_call_keys_each_tensor_once(launches, monkeypatch, name, tensor
     assert len(launches) == 4 and len(metas) == 3 * tensors
 
 
+def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatch):
+    """Threads calling at once, some with the same shapes (one ``Plan``, its launch made by
+    whichever thread comes first) and some with others, each get the launch a lone call of
+    theirs gets (those equal the float64 rotation: test_the_device_route_equals_float64).
+    The launches are stubbed: Triton's interpreter itself is not thread-safe."""
+    import threading
+
+    cos, sin = generate_rope_embeddings(12, 16)
+    cases = [("half", 3), ("half", 3), ("interleaved", 3), ("half", 5), ("interleaved", 5)]
+
+    def call(layout: str, seq: int) -> None:
+        q, k = torch.randn(2, 4, seq, 16), torch.randn(2, 2, seq, 16)
+        apply_rope_qk(q, k, cos, sin, layout=layout, positions=torch.randint(0, 12, (2, seq)))
+
+    alone = []
+    for case in cases:
+        call(*case)
+        alone.append(launches.pop())
+    triton_rope._plan_for.cache_clear()
+    seen = {}
+    monkeypatch.setattr(triton_rope, "_launch", lambda x, launch, tensors: seen.setdefault(
+        threading.get_ident(), []).append(launch))
+    start = threading.Barrier(len(cases))
+
+    def work(case: tuple[str, int]) -> None:
+        start.wait()
+        for _ in range(50):
+            call(*case)
+        seen[threading.get_ident()].append(case)
+
+    threads = [threading.Thread(target=work, args=(case,)) for case in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    got = {ran[-1]: ran[:-1] for ran in seen.values()}
+    assert len(seen) == len(cases) and triton_rope._plan_for.cache_info().currsize == 2
+    for case, launch in zip(cases, alone, strict=True):
+        assert got[case] == [launch] * 50
+
+
 @pytest.mark.parametrize("storage", ["(B, H, S, D)", "(B, S, H, D)"])
 def test_a_strided_view_takes_the_same_route(launches, storage):
     """x as a (B, S, H, D) view costs nothing more than a contiguous x: one launch, no copy
