@@ -11,11 +11,13 @@ A call of ``apply_rope`` comes down here once, with its rows or positions prepar
 Every backend has the same two functions: ``declines(xs, outs, cos, sin, rotary_dim,
 positions)`` returns None when it takes the call, else why not, and ``run(xs, outs, cos, sin,
 layout, rotary_dim, inverse, positions, axes)`` rotates (each prepares its own tables). The
-first backend of the device's order that takes the call runs it. The environment variable
-``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per call) forces one, for tests
-and benchmarks; ``triton`` with CPU tensors runs the kernel in Triton's interpreter. A forced
-backend that declines is an error that says why. ``backend_status(device)`` says which backend
-a device's calls take.
+first backend of the device's order that takes the call runs it. The Triton backend's
+``examine`` gives its verdict as a ``Plan`` (``.reason``) that its ``run`` takes on
+(``plan=``): a call's tensors are keyed and looked up once, for the verdict and the launch.
+The environment variable ``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per
+call) forces one, for tests and benchmarks; ``triton`` with CPU tensors runs the kernel in
+Triton's interpreter. A forced backend that declines is an error that says why.
+``backend_status(device)`` says which backend a device's calls take.
 
 The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
 ``ropelib::rotate_out`` (into a given ``out``) and, for a query and a key rotated together,
@@ -234,11 +236,11 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     """
     n, capacity = q.shape[-2], key_cache.shape[-2]
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, *_given(positions)):
-        backend = backend_for([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
-                              positions)
+        backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
+                                       rotary_dim, positions)
         if backend.NAME == "triton":
             q_rot = backend.run_cache(q, k, v, key_cache, value_cache, slot, cos, sin, layout,
-                                      rotary_dim, positions, None, pending)
+                                      rotary_dim, positions, None, pending, plan)
             torch.autograd.graph.increment_version((key_cache, value_cache))
             return q_rot
     positions = settle(q, cos, positions, None, pending)
@@ -416,14 +418,15 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     directly only for plain tensors in eager mode (``plain_call``); arguments as for
     ``ropelib::rotate``. Coordinates still ``pending`` go to the Triton kernel as they are
     (it checks them in its one launch); for another backend ``settle`` checks them first."""
-    backend = backend_for(xs, outs, cos, sin, rotary_dim, positions)
-    if pending is not None:
-        if backend.NAME == "triton":
-            return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions,
-                               axes, pending=pending)
-        positions = settle(xs[0], cos, positions, axes, pending)
-    if positions is not None and xs[0].device.type == "cpu" and backend is not native:
+    backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
+    if backend.NAME != "triton":
+        positions, pending = settle(xs[0], cos, positions, axes, pending), None
+    if (pending is None and positions is not None and xs[0].device.type == "cpu"
+            and backend is not native):
         check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
+    if backend.NAME == "triton":
+        return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                           pending=pending, plan=plan)
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
 
 
@@ -473,20 +476,42 @@ def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 positions: torch.Tensor | None = None) -> ModuleType:
     """The backend that runs this call: the one ``ROPELIB_BACKEND`` names (a ValueError if
     it declines), else the first of the device's ``ORDER`` that takes it."""
+    return choose_backend(xs, outs, cos, sin, rotary_dim, positions)[0]
+
+
+def choose_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+                   positions: torch.Tensor | None = None) -> tuple[ModuleType, object]:
+    """(``backend_for``, what the backend worked out when it took the call, for its ``run``:
+    the Triton backend's ``Plan``, None for the others)."""
     forced = os.environ.get("ROPELIB_BACKEND")
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
-        reason = _refusal(forced, xs, outs, cos, sin, rotary_dim, positions)
+        backend, reason = _backend(forced)
+        plan = None
+        if backend is not None:
+            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
-        return _backend(forced)[0]
+        return backend, plan
     for name in ORDER.get(xs[0].device.type, ()):
         backend, reason = _backend(name)
-        if backend is not None and not backend.declines(xs, outs, cos, sin, rotary_dim,
-                                                        positions):
-            return backend
-    return eager
+        if backend is not None:
+            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
+            if not reason:
+                return backend, plan
+    return eager, None
+
+
+def _verdict(backend: ModuleType, xs: Sequence[torch.Tensor],
+             outs: Sequence[torch.Tensor | None], cos: torch.Tensor, sin: torch.Tensor,
+             rotary_dim: int, positions: torch.Tensor | None) -> tuple[str | None, object]:
+    """(why ``backend`` declines the call, None when it takes it; its plan for ``run``)."""
+    if backend.NAME == "triton":
+        plan = backend.examine(xs, outs, cos, sin, rotary_dim, positions)
+        return plan.reason, plan
+    return backend.declines(xs, outs, cos, sin, rotary_dim, positions), None
 
 
 @functools.cache

@@ -25,9 +25,12 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
   they are shared; dims that cannot be merged into those two leave the call to eager PyTorch.
 
 ``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
-interface every backend of ``ropelib.kernels`` has. CUDA tensors run the compiled kernel;
-CPU tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the
-tests check every feature on machines without a GPU. Nothing is kept between calls.
+interface every backend of ``ropelib.kernels`` has. ``examine`` gives the verdict as a
+``Plan`` that ``run`` takes on: one lookup per call, by the tensors' shapes, strides and
+dtypes, for the verdict and the prepared launch. CUDA tensors run the compiled kernel; CPU
+tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests
+check every feature on machines without a GPU. Nothing of a tensor is kept between calls
+(the plans hold numbers and dtypes).
 """
 
 from __future__ import annotations
@@ -241,21 +244,62 @@ class _Operand(NamedTuple):
     out_strides: tuple[int, int, int]
 
 
+class Plan:
+    """What ``examine`` worked out from a call's tensors: their (shape, strides, dtype)
+    (``metas``, built once per call), why the kernel declines such a call (``reason``;
+    None: it takes it), and the launches of such calls, prepared by ``launch`` as they are
+    first asked for. One per (shape, strides, dtype) of the tensors (``_plan_for``): it
+    holds numbers and dtypes only, never a tensor."""
+
+    __slots__ = ("metas", "reason", "_launches")
+    MAX_LAUNCHES = 64  # launches kept per plan (tile configs, layouts, ...)
+
+    def __init__(self, metas: tuple | None, reason: str | None) -> None:
+        self.metas, self.reason = metas, reason
+        self._launches: dict[tuple, Launch | None] = {}
+
+    def launch(self, *call: object) -> Launch | None:
+        """``_prepare`` of these tensors and ``call`` (its arguments after the tensors'),
+        worked out once (a dict: threads that race work out the same launch)."""
+        try:
+            return self._launches[call]
+        except KeyError:
+            pass
+        launch = _prepare(*self.metas, *call)
+        if len(self._launches) >= self.MAX_LAUNCHES:
+            self._launches.clear()
+        self._launches[call] = launch
+        return launch
+
+
+def examine(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+            sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> Plan:
+    """``declines``' verdict in a ``Plan`` (``.reason``), which ``run`` takes on (``plan=``)
+    so that a call builds its tensors' keys and looks them up once."""
+    x = xs[0]
+    if not (x.is_cuda or x.is_cpu):
+        return Plan(None, "Triton runs on CUDA tensors (and on the CPU in its interpreter), "
+                          f"got {x.device}")
+    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None))):
+        return Plan(None, "x and out must not be lazily negated or conjugated views")
+    return _plan_for(tuple(_meta(t) for t in xs),
+                     tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
+                     _meta(sin), None if positions is None else _meta(positions))
+
+
 def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
     """None when the kernel takes the call, else why not (a sentence); worked out once per
-    shapes, strides and dtypes (``_verdict``)."""
-    x = xs[0]
-    if not (x.is_cuda or x.is_cpu):
-        return f"Triton runs on CUDA tensors (and on the CPU in its interpreter), got {x.device}"
-    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None))):
-        return "x and out must not be lazily negated or conjugated views"
-    return _verdict(tuple(_meta(t) for t in xs),
-                    tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
-                    _meta(sin), None if positions is None else _meta(positions))
+    shapes, strides and dtypes (``examine``)."""
+    return examine(xs, outs, cos, sin, rotary_dim, positions).reason
 
 
 @functools.lru_cache(maxsize=512)
+def _plan_for(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None) -> Plan:
+    """The ``Plan`` of tensors of these (shape, strides, dtype) (None: a new destination)."""
+    return Plan((xs, outs, cos, sin, positions), _verdict(xs, outs, cos, sin, positions))
+
+
 def _verdict(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
              ) -> str | None:
     """``declines`` for tensors of these (shape, strides, dtype)."""
@@ -283,7 +327,8 @@ def _verdict(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
 def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
         sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
         positions: torch.Tensor | None, axes: torch.Tensor | None,
-        config: Config | None = None, *, pending=None) -> list[torch.Tensor]:
+        config: Config | None = None, *, pending=None, plan: Plan | None = None
+        ) -> list[torch.Tensor]:
     """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new contiguous
     tensor; x itself: in place), after ``declines`` returned None.
 
@@ -303,48 +348,53 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
             (a GPU call reads no value on the host): the kernel checks them (and clamps
             them to the table for ``pending.clamp``); with ``pending.step`` the coordinates
             are a 0-d offset (any shape of ones) and row s is at offset + s.
+        plan: ``examine`` of these arguments, when the caller asked it (else asked here).
 
     Returns:
         The destinations, in the order of ``xs``.
     """
-    outs = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
-            for x, o in zip(xs, outs, strict=True)]
-    _rotate(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config, pending)
-    return outs
+    plan = plan or examine(xs, outs, cos, sin, rotary_dim, positions)
+    new = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
+           for x, o in zip(xs, outs, strict=True)]
+    _rotate(plan, xs, new, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
+            pending)
+    return new
 
 
 def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
               value_cache: torch.Tensor, slot: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor, layout: str, rotary_dim: int,
-              positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None
-              ) -> torch.Tensor:
+              positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None,
+              plan: Plan | None = None) -> torch.Tensor:
     """One launch of a decode step's rotation and cache write: q rotated into a new tensor,
     k rotated straight into ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into
     ``value_cache`` there (q, k and v ``(..., heads, n, head_dim)``, the caches ``(...,
     kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor on the device, read by
     the kernel). Rows or positions as for ``run`` (shared by q and k); ``declines`` must
-    have taken ``[q, k, v]`` with destinations ``[None, key_cache, value_cache]``.
+    have taken ``[q, k, v]`` with destinations ``[None, key_cache, value_cache]`` (``plan``:
+    its ``examine``, else asked here).
 
     Returns:
         The rotated q.
     """
+    plan = plan or examine([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
+                           positions)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    _rotate([q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim, False,
-            positions, axes, None, pending, slot)
+    _rotate(plan, [q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim,
+            False, positions, axes, None, pending, slot)
     return q_out
 
 
-def _rotate(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config, pending,
-            slot=None) -> None:
-    """``run`` into the given destinations; with ``slot``, the last x is copied (not
-    rotated) and the destinations of all but the first are written from row ``slot``."""
+def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
+            pending, slot=None) -> None:
+    """``run`` into the given destinations (``plan``: their tensors' ``examine``, with None
+    for a new destination); with ``slot``, the last x is copied (not rotated) and the
+    destinations of all but the first are written from row ``slot``."""
     x = xs[0]
-    step = pending is not None and pending.step
-    launch = _prepare(
-        tuple(_meta(t) for t in xs), tuple(_meta(o) for o in outs), _meta(cos), _meta(sin),
-        None if positions is None else _meta(positions), layout, rotary_dim, inverse,
-        None if axes is None else axes.shape[0], step, pending is not None and pending.clamp,
-        pending is not None, slot is not None, outs[-1].shape[-2], x.is_cuda, config,
+    launch = plan.launch(
+        layout, rotary_dim, inverse, None if axes is None else axes.shape[0],
+        pending is not None and pending.step, pending is not None and pending.clamp,
+        pending is not None, slot is not None, x.is_cuda, config,
         all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True)))
     if launch is None:
         return
@@ -362,19 +412,22 @@ def _meta(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype
 
 
-@functools.lru_cache(maxsize=512)
 def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
              layout: str, rotary_dim: int, inverse: bool, pairs_with_axes: int | None,
-             step: bool, clamp: bool, check: bool, slotted: bool, capacity: int, cuda: bool,
+             step: bool, clamp: bool, check: bool, slotted: bool, cuda: bool,
              config: Config | None, in_place: bool) -> Launch | None:
-    """The launch of a call with tensors of these (shape, strides, dtype): every number the
-    kernel gets but its pointers, worked out once per shape (a launch's Python costs more than
-    the kernel of a decode step). None: nothing to do (an empty tensor)."""
+    """The launch of a call with tensors of these (shape, strides, dtype) (an out of None: a
+    new contiguous tensor): every number the kernel gets but its pointers, worked out once per
+    shape (``Plan.launch``: a launch's Python costs more than the kernel of a decode step).
+    None: nothing to do (an empty tensor)."""
     def drop(meta):
         return None if meta is None else meta[:2]
 
+    outs = tuple((x[0], _contiguous_strides(x[0])) if o is None else o[:2]
+                 for x, o in zip(xs, outs, strict=True))
+    capacity = outs[-1][0][-2]
     batch, plan, table_strides, position_strides = _plan(
-        tuple(m[:2] for m in xs), tuple(m[:2] for m in outs), cos[:2], sin[:2], drop(positions))
+        tuple(m[:2] for m in xs), outs, cos[:2], sin[:2], drop(positions))
     seq, head_dim = xs[0][0][-2], xs[0][0][-1]
     heads = [p[0] for p in plan]
     if not (sum(heads) and batch and seq and head_dim):
@@ -399,6 +452,15 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
         ("ROWS_PER_HEAD", mode == 0 and bool(table_strides[1] or table_strides[5])),
         ("STEP", step), ("CLAMP", clamp), ("CHECK", check), ("SLOTTED", slotted))
     return Launch(grid, scalars, constexprs, config.num_warps)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of this shape (as ``torch.empty`` makes them)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:

@@ -519,8 +519,8 @@ def test_item4_backend_status_says_what_a_call_does(setting, monkeypatch):
     monkeypatch.setattr(native, "_enabled", enabled)
     ran = []
     for name, module in (("native", native), ("eager", eager), ("triton", triton_rope)):
-        monkeypatch.setattr(module, "run", lambda *a, _n=name, _r=module.run: (
-            ran.append(_n), _r(*a))[1])
+        monkeypatch.setattr(module, "run", lambda *a, _n=name, _r=module.run, **kw: (
+            ran.append(_n), _r(*a, **kw))[1])
     x = torch.randn(1, 2, 5, 8).to(device=device, dtype=dtype)
     cos, sin = (t.to(device) for t in generate_rope_embeddings(5, 8))
     try:

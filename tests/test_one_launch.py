@@ -21,7 +21,7 @@ import torch
 from reference import angles, rope_by_pairs, thetas
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ropelib import apply_rope, apply_rope_qk, kernels, rotation
+from ropelib import apply_rope, apply_rope_qk, apply_rope_qk_to_cache, kernels, rotation
 from ropelib.tables import generate_rope_embeddings
 
 pytest.importorskip("triton")
@@ -152,6 +152,74 @@ def test_a_device_call_reads_the_environment_once_and_each_span_once(
     assert len(launches) == 3 and environ.reads == 3
     assert len(spans) == 3 * distinct
     assert len({id(t) for t in spans[:distinct]}) == distinct
+
+
+@pytest.mark.parametrize(("name", "tensors"), [
+    ("qk positions out=", 7), ("qk new", 5), ("cache", 8), ("in place", 5)])
+def test_a_device_call_keys_each_tensor_once(launches, monkeypatch, name, tensors):
+    """The Triton backend's verdict and its launch come from one lookup (issue 44, item 1):
+    each tensor's (shape, strides, dtype) is read once per call (x, the destinations given,
+    the tables, the coordinates), not once for the verdict and again for the launch."""
+    q, k, cos, sin = decode_inputs()
+    positions = torch.randint(0, 64, (4, 1))
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    caches = torch.zeros(2, 4, 2, 8, 16)
+    call = {
+        "qk positions out=": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
+                                                   out=(q_out, k_out)),
+        "qk new": lambda: apply_rope_qk(q, k, cos, sin, positions=positions),
+        "cache": lambda: apply_rope_qk_to_cache(q, k, k.clone(), cos, sin, *caches,
+                                                torch.tensor(3)),
+        "in place": lambda: apply_rope(q, cos, sin, positions=positions, out=q),
+    }[name]
+    call()
+    metas = []
+    meta = triton_rope._meta
+    monkeypatch.setattr(triton_rope, "_meta", lambda t: metas.append(t) or meta(t))
+    for _ in range(3):
+        call()
+    assert len(launches) == 4 and len(metas) == 3 * tensors
+
+
+def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatch):
+    """Threads calling at once, some with the same shapes (one ``Plan``, its launch made by
+    whichever thread comes first) and some with others, each get the launch a lone call of
+    theirs gets (those equal the float64 rotation: test_the_device_route_equals_float64).
+    The launches are stubbed: Triton's interpreter itself is not thread-safe."""
+    import threading
+
+    cos, sin = generate_rope_embeddings(12, 16)
+    cases = [("half", 3), ("half", 3), ("interleaved", 3), ("half", 5), ("interleaved", 5)]
+
+    def call(layout: str, seq: int) -> None:
+        q, k = torch.randn(2, 4, seq, 16), torch.randn(2, 2, seq, 16)
+        apply_rope_qk(q, k, cos, sin, layout=layout, positions=torch.randint(0, 12, (2, seq)))
+
+    alone = []
+    for case in cases:
+        call(*case)
+        alone.append(launches.pop())
+    triton_rope._plan_for.cache_clear()
+    seen = {}
+    monkeypatch.setattr(triton_rope, "_launch", lambda x, launch, tensors: seen.setdefault(
+        threading.get_ident(), []).append(launch))
+    start = threading.Barrier(len(cases))
+
+    def work(case: tuple[str, int]) -> None:
+        start.wait()
+        for _ in range(50):
+            call(*case)
+        seen[threading.get_ident()].append(case)
+
+    threads = [threading.Thread(target=work, args=(case,)) for case in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    got = {ran[-1]: ran[:-1] for ran in seen.values()}
+    assert len(seen) == len(cases) and triton_rope._plan_for.cache_info().currsize == 2
+    for case, launch in zip(cases, alone, strict=True):
+        assert got[case] == [launch] * 50
 
 
 @pytest.mark.parametrize("storage", ["(B, H, S, D)", "(B, S, H, D)"])
