@@ -7,4 +7,4 @@ BIN=.venv/bin
 bash tests/apt_need.sh chromium chromium
 "$BIN/ruff" check .
 BOOK_HTML=_build/html timeout 3000 "$BIN/python" -m pytest -q tests book \
-  --nbval-lax --nbval-current-env --nbval-cell-timeout=300
+  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --durations=20
