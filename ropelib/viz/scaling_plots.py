@@ -34,6 +34,18 @@ def _as_vector(name: str, values: Any) -> np.ndarray:
     return vector
 
 
+def _series_per_size(name: str, label: str, values: Any, n: np.ndarray, one: str
+                     ) -> np.ndarray:
+    """``name[label]`` as a vector of one positive value (a ``one``) per size of ``n``."""
+    v = _as_vector(f"{name}[{label!r}]", values)
+    if v.shape != n.shape:
+        raise ValueError(f"{name}[{label!r}] has {v.size} values but there are {n.size} "
+                         f"sizes; give one {one} per size")
+    if np.any(v <= 0):
+        raise ValueError(f"{name}[{label!r}] must be > 0 (log axes), got {v.tolist()}")
+    return v
+
+
 def draw_time_scaling(ax: Axes, sizes: Sequence[float], times: Mapping[str, Any], *,
                       time_unit: str = "ms", fit: bool = True,
                       guides: Sequence[float] = (1.0, 2.0),
@@ -64,13 +76,7 @@ def draw_time_scaling(ax: Axes, sizes: Sequence[float], times: Mapping[str, Any]
     scale = _UNITS[time_unit]
     series = {}
     for label, values in times.items():
-        t = _as_vector(f"times[{label!r}]", values)
-        if t.shape != n.shape:
-            raise ValueError(f"times[{label!r}] has {t.size} values but there are {n.size} sizes; "
-                             "give one time per size")
-        if np.any(t <= 0):
-            raise ValueError(f"times[{label!r}] must be > 0 (log axes), got {t.tolist()}")
-        series[label] = t * scale
+        series[label] = _series_per_size("times", label, values, n, "time") * scale
     slopes = {}
     for label, t in series.items():
         if fit:
@@ -120,12 +126,7 @@ def draw_operation_counts(ax: Axes, sizes: Sequence[float], counts: Mapping[str,
         raise ValueError("counts must hold at least one series, got an empty mapping")
     lines = []
     for label, values in counts.items():
-        c = _as_vector(f"counts[{label!r}]", values)
-        if c.shape != n.shape:
-            raise ValueError(f"counts[{label!r}] has {c.size} values but there are {n.size} "
-                             "sizes; give one count per size")
-        if np.any(c <= 0):
-            raise ValueError(f"counts[{label!r}] must be > 0 (log axes), got {c.tolist()}")
+        c = _series_per_size("counts", label, values, n, "count")
         (line,) = ax.plot(n, c, "-", linewidth=2, label=label)
         lines.append(line)
     if crossover is not None:
