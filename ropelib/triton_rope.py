@@ -37,13 +37,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from . import replay
 
 NAME = "triton"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -404,7 +406,7 @@ def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, ax
     tensors = (x, outs[0], two, outs[1] if len(xs) > 1 else outs[0], three, outs[-1], cos, sin,
                placeholder if positions is None else positions,
                placeholder if axes is None else axes, placeholder if slot is None else slot)
-    _launch(x, launch, tensors)
+    replay.noted(tensors, _launch(x, launch, tensors))
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -463,31 +465,46 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
+def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> Callable[[Sequence], None] | None:
     """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU through Triton's
     JIT the first time a key is seen (it compiles and specializes), then straight through the
     compiled kernel's launcher with the same arguments (the JIT's own argument binding costs
     several microseconds a call). The key holds every value the kernel is specialized on: the
-    integers, the dtypes and whether each pointer is 16-byte aligned."""
+    integers, the dtypes and whether each pointer is 16-byte aligned. Returns the prepared
+    launch of such pointers (``_bound``; ``ropelib.replay`` replays it), None where there is
+    none (the interpreter, a Triton without raw launches)."""
     grid, scalars, constexprs, num_warps = launch
     if not x.is_cuda:
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
-        return
+        return None
     device = torch.cuda.current_device()
     key = (launch, device, *(t.dtype for t in tensors),
            *(t.data_ptr() % 16 == 0 for t in tensors))
-    launcher = _launchers.get(key)
-    if launcher is not None:
-        launcher(*tensors, *scalars, *(value for _, value in constexprs),
-                 stream=triton.runtime.driver.active.get_current_stream(device))
-        return
+    go = _launchers.get(key)
+    if go is not None:
+        go(tensors)
+        return go
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
     arguments = len(tensors) + len(scalars) + len(constexprs)
     if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == arguments:
         if len(_launchers) >= MAX_LAUNCHERS:
             _launchers.clear()
-        _launchers[key] = kernel[grid]
+        _launchers[key] = _bound(kernel[grid], launch, device)
+        return _launchers[key]
+    return None
+
+
+def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
+    """``runner`` (a compiled kernel's launcher for ``launch.grid``) with ``launch``'s
+    numbers, on ``device``'s current stream: a function of the pointer arguments alone
+    (tensors, or their addresses as ints, which Triton's launcher takes as they are)."""
+    tail = (*launch.scalars, *(value for _, value in launch.constexprs))
+    current_stream = triton.runtime.driver.active.get_current_stream
+
+    def go(pointers: Sequence) -> None:
+        runner(*pointers, *tail, stream=current_stream(device))
+    return go
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -> Config:

@@ -78,6 +78,62 @@ def test_a_call_runs_one_kernel_and_nothing_else(name):
     assert len(work) == 1 and "rope" in work[0], work
 
 
+@pytest.mark.parametrize("name", ["qk positions out=", "qk positions", "qk in place",
+                                  "offset tensor", "M-RoPE axes", "fused decode step",
+                                  "strided view"])
+def test_a_replayed_call_equals_the_whole_path(monkeypatch, name):
+    """A call seen before is replayed (``ropelib.replay``): with new tensors of the same
+    shapes, its results and the caches it writes equal, bit for bit, the whole path's on
+    copies of the same inputs (itself checked against float64 elsewhere)."""
+    from ropelib import replay
+
+    def inputs(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        q, k, cos, sin, positions = decode_inputs()
+        return {"q": q, "k": k, "v": torch.randn_like(k), "cos": cos, "sin": sin,
+                "positions": positions, "q_out": torch.empty_like(q),
+                "k_out": torch.empty_like(k), "slot": torch.tensor(7, device=CUDA),
+                "axes": torch.arange(64, device=CUDA) % 3,
+                "mrope": torch.randint(0, 4096, (64, 1, 3), device=CUDA),
+                "keys": torch.zeros(64, 8, 256, 128, device=CUDA, dtype=q.dtype),
+                "values": torch.zeros(64, 8, 256, 128, device=CUDA, dtype=q.dtype),
+                "x": torch.randn(2, 512, 32, 128, device=CUDA,
+                                 dtype=q.dtype).transpose(1, 2)}
+
+    call = {
+        "qk positions out=": lambda t: apply_rope_qk(
+            t["q"], t["k"], t["cos"], t["sin"], layout="half", positions=t["positions"],
+            out=(t["q_out"], t["k_out"])),
+        "qk positions": lambda t: apply_rope_qk(t["q"], t["k"], t["cos"], t["sin"],
+                                                positions=t["positions"]),
+        "qk in place": lambda t: apply_rope_qk(t["q"], t["k"], t["cos"], t["sin"],
+                                               positions=t["positions"], inplace=True),
+        "offset tensor": lambda t: apply_rope(t["q"], t["cos"], t["sin"], offset=t["slot"]),
+        "M-RoPE axes": lambda t: apply_rope_qk(t["q"], t["k"], t["cos"], t["sin"],
+                                               layout="half", positions=t["mrope"],
+                                               axes=t["axes"]),
+        "fused decode step": lambda t: apply_rope_qk_to_cache(
+            t["q"], t["k"], t["v"], t["cos"], t["sin"], t["keys"], t["values"], t["slot"],
+            layout="half", positions=t["positions"]),
+        "strided view": lambda t: apply_rope(t["x"], t["cos"], t["sin"], layout="half"),
+    }[name]
+    replayed = []
+    real = replay._replay
+    monkeypatch.setattr(replay, "_replay", lambda *a: replayed.append(1) or real(*a))
+    call(inputs(0))
+    tensors = inputs(1)
+    copies = {n: t.clone() for n, t in tensors.items()}
+    got = call(tensors)
+    assert replayed == [1]
+    monkeypatch.setattr(replay, "ENABLED", False)
+    expected = call(copies)
+    got, expected = ((r,) if isinstance(r, torch.Tensor) else r for r in (got, expected))
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    for n in tensors:
+        assert torch.equal(tensors[n], copies[n]), n
+
+
 def test_the_backward_is_one_kernel():
     x = torch.randn(4, 32, 512, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = generate_rope_embeddings(512, 128, device=CUDA)

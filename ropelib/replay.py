@@ -1,0 +1,239 @@
+"""A call seen before, replayed: the eager GPU call's fast path.
+
+An eager call on a GPU spends most of its time in Python: checking its arguments, choosing
+the backend, planning the launch (about 70 us, around a 3 us kernel for a decode step).
+All of that follows from what a call's key holds: its tensors' shapes, strides, dtypes and
+devices, its options, ``ROPELIB_BACKEND``, inference mode and the current CUDA device. So
+the first call with a key runs the whole path (``slow``) and notes the one launch it makes
+(``noted``, told by ``ropelib.triton_rope``); a later call with that key replays the
+launch with its own addresses: each new output allocated, each pointer its tensor's address
+plus the byte offset the first call had there (a view such as positions reshaped), one
+launch, the destinations' version counters bumped.
+
+What depends on addresses is checked on every replay, and a call that differs there takes
+the whole path: each pointer's 16-byte alignment (the compiled kernel is specialized on
+it), whether each destination is its tensor (in place), and whether a destination's bytes
+meet another tensor's (the whole path decides what an overlap means). A call is replayed
+only where nobody could tell: plain tensors on a GPU, no autograd, compiler, tracer,
+``torch.func`` transform, forward-mode AD, dispatch or function mode. A recipe holds
+numbers, dtypes and the launcher, never a tensor; at most ``MAX_RECIPES`` are kept.
+``ENABLED = False`` turns replays off (benchmarks compare the two paths).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
+
+import torch
+from torch.autograd import forward_ad
+
+ENABLED = True
+MAX_RECIPES = 1024
+T = TypeVar("T")
+
+
+class Recipe(NamedTuple):
+    """A call's launch in terms of the call's tensors (slots: the call's tensors, then its
+    new outputs): ``go(pointers)`` launches; ``sources`` gives each pointer as (slot, byte
+    offset); ``new`` the outputs to allocate (shape, dtype, device); ``aligned`` (slot,
+    byte offset, whether it was 16-byte aligned) for each pointer into a call's tensor;
+    ``same`` whether each (x, destination) pair of the call shared its address;
+    ``extents`` each tensor's bytes from its first to past its last element; ``apart``
+    the (destination, other tensor) slots whose bytes did not meet; ``returns`` the slots
+    of the result (``single``: one tensor, not a tuple)."""
+
+    go: Callable[[Sequence[int]], None]
+    sources: tuple[tuple[int, int], ...]
+    new: tuple[tuple[torch.Size, torch.dtype, torch.device], ...]
+    aligned: tuple[tuple[int, int, bool], ...]
+    same: tuple[bool, ...]
+    extents: tuple[int, ...]
+    apart: tuple[tuple[int, int], ...]
+    returns: tuple[int, ...]
+    single: bool
+
+
+_recipes: dict[tuple, Recipe | None] = {}  # None: such calls are not replayable
+_local = threading.local()
+
+
+def run(options: tuple, tensors: tuple[torch.Tensor | None, ...],
+        pairs: tuple[tuple[int, int], ...], destinations: tuple[int, ...],
+        slow: Callable[[], T]) -> T:
+    """``slow()``, or its replay where a call with this key was seen before.
+
+    Args:
+        options: the call's other arguments (str, int, bool or None) and what it is; None:
+            a call never replayed.
+        tensors: the call's tensors (None where absent), in a fixed order per kind of call.
+        pairs: (x, destination) slots of ``tensors`` that may be one tensor (in place).
+        destinations: the slots of ``tensors`` the call writes.
+        slow: the whole path; it returns a tensor or a tuple of tensors.
+    """
+    key = _key(options, tensors) if ENABLED and options is not None else None
+    if key is None:
+        return slow()
+    recipe = _recipes.get(key, False)
+    if recipe is None:
+        return slow()
+    if recipe is not False:
+        result = _replay(recipe, tensors, pairs, destinations)
+        return slow() if result is None else result
+    outer = getattr(_local, "launches", None)
+    _local.launches = []
+    try:
+        result = slow()
+    finally:
+        launches, _local.launches = _local.launches, outer
+    if len(_recipes) >= MAX_RECIPES:
+        _recipes.clear()
+    _recipes[key] = _recipe(launches, tensors, pairs, destinations, result)
+    return result
+
+
+def noted(kernel_tensors: tuple[torch.Tensor, ...],
+          go: Callable[[Sequence[int]], None] | None) -> None:
+    """Told by the Triton backend after each launch: its pointer arguments and ``go``, the
+    prepared launch of those pointers (None: a launch that cannot be replayed, such as the
+    interpreter's). Kept only while ``run`` records a call, on this thread."""
+    launches = getattr(_local, "launches", None)
+    if launches is not None:
+        launches.append((kernel_tensors, go))
+
+
+def clear() -> None:
+    """Forget every recipe (after the kernel or its launchers were swapped)."""
+    _recipes.clear()
+
+
+def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
+    """The call's key, or None where it must take the whole path: a first tensor off the
+    GPU (``_on_gpu``), a tensor that is not a plain ``torch.Tensor`` or that records
+    autograd, or anybody watching (compiler, tracer, transform, forward AD, dispatch or
+    function mode)."""
+    if (not _on_gpu(tensors[0]) or torch.compiler.is_compiling()
+            or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+            or forward_ad._current_level >= 0 or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return None
+    grad = torch.is_grad_enabled()
+    metas = []
+    for t in tensors:
+        if t is None:
+            metas.append(None)
+        elif type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return None
+        else:
+            metas.append((t.size(), t.stride(), t.dtype, t.get_device(), t.is_neg(),
+                          t.is_inference()))
+    return (*options, *metas, os.environ.get("ROPELIB_BACKEND"),
+            torch.is_inference_mode_enabled(), _current_device(tensors[0]))
+
+
+def _on_gpu(x: torch.Tensor) -> bool:
+    """Whether x's calls are replayed: CUDA tensors (the tests stub the launch and let CPU
+    tensors through here)."""
+    return x.is_cuda
+
+
+def _current_device(x: torch.Tensor) -> int:
+    """The current CUDA device (what Triton launches on), -1 for tensors off CUDA."""
+    return torch.cuda.current_device() if x.is_cuda else -1
+
+
+def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
+            pairs: tuple[tuple[int, int], ...],
+            destinations: tuple[int, ...]) -> T | None:
+    """The recorded launch with these tensors' addresses; None (nothing done) where an
+    address differs from the recorded call in alignment, in-place pairs or overlaps."""
+    addresses = _addresses(tensors)
+    if tuple(addresses[a] == addresses[b] for a, b in pairs) != recipe.same:
+        return None
+    for slot, offset, aligned in recipe.aligned:
+        if ((addresses[slot] + offset) % 16 == 0) != aligned:
+            return None
+    extents = recipe.extents
+    for d, other in recipe.apart:
+        if (addresses[other] < addresses[d] + extents[d]
+                and addresses[d] < addresses[other] + extents[other]):
+            return None
+    made = [torch.empty(shape, dtype=dtype, device=device)
+            for shape, dtype, device in recipe.new]
+    addresses += [t.data_ptr() for t in made]
+    recipe.go([addresses[slot] + offset for slot, offset in recipe.sources])
+    written = tuple(tensors[d] for d in destinations if tensors[d] is not None)
+    if written:
+        torch.autograd.graph.increment_version(written)
+    everything = (*tensors, *made)
+    if recipe.single:
+        return everything[recipe.returns[0]]
+    return tuple(everything[slot] for slot in recipe.returns)
+
+
+def _addresses(tensors: tuple[torch.Tensor | None, ...]) -> list[int]:
+    """Each tensor's address, 0 for an absent one."""
+    return [0 if t is None else t.data_ptr() for t in tensors]
+
+
+def _recipe(launches: list, tensors: tuple[torch.Tensor | None, ...],
+            pairs: tuple[tuple[int, int], ...], destinations: tuple[int, ...],
+            result: object) -> Recipe | None:
+    """The recipe of a call that made exactly one replayable launch whose every pointer is
+    one of the call's tensors, a view of exactly one of them, or one of its new outputs;
+    None otherwise (such calls keep taking the whole path)."""
+    if len(launches) != 1 or launches[0][1] is None:
+        return None
+    kernel_tensors, go = launches[0]
+    single = isinstance(result, torch.Tensor)
+    results = (result,) if single else tuple(result)
+    made = [r for r in results if not any(r is t for t in tensors)]
+    every = (*tensors, *made)
+    sources = []
+    for t in kernel_tensors:
+        slot = _slot(t, tensors, made, pairs)
+        if slot is None:
+            return None
+        sources.append((slot, t.data_ptr() - every[slot].data_ptr()))
+    returns = tuple(next(i for i, t in enumerate(every) if t is r) for r in results)
+    addresses = _addresses(tensors)
+    same = tuple(addresses[a] == addresses[b] for a, b in pairs)
+    extents = tuple(0 if t is None else extent(t) for t in tensors)
+    in_place = {pair for pair, equal in zip(pairs, same, strict=True) if equal}
+    apart = tuple((d, other) for d in destinations if tensors[d] is not None
+                  for other, t in enumerate(tensors)
+                  if t is not None and other != d and (other, d) not in in_place
+                  and extents[d] and extents[other])
+    aligned = {(slot, offset, (addresses[slot] + offset) % 16 == 0)
+               for slot, offset in sources if slot < len(tensors)}
+    return Recipe(go, tuple(sources), tuple((t.shape, t.dtype, t.device) for t in made),
+                  tuple(sorted(aligned)), same, extents, apart, returns, single)
+
+
+def _slot(t: torch.Tensor, tensors: tuple[torch.Tensor | None, ...],
+          made: list[torch.Tensor], pairs: tuple[tuple[int, int], ...]) -> int | None:
+    """Where a kernel's pointer comes from: the call's tensor it is (where it is several,
+    only an (x, destination) pair that is one tensor), the one tensor it is a view of, or
+    the new output it is; None where it is none of these or ambiguous."""
+    same = [slot for slot, u in enumerate(tensors) if u is t]
+    if len(same) == 1 or (len(same) == 2 and tuple(same) in pairs):
+        return same[0]
+    if same:
+        return None
+    for j, u in enumerate(made):
+        if u is t:
+            return len(tensors) + j
+    storage = t.untyped_storage().data_ptr()
+    views = [slot for slot, u in enumerate(tensors)
+             if u is not None and u.untyped_storage().data_ptr() == storage]
+    return views[0] if len(views) == 1 else None
+
+
+def extent(t: torch.Tensor) -> int:
+    """The bytes from t's first element to past its last (0 for an empty tensor)."""
+    if not t.numel():
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * (
+        t.element_size())

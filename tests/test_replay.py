@@ -1,0 +1,261 @@
+"""Replayed calls (``ropelib.replay``, issue 44 item 1): a GPU call whose key was seen
+before launches what the whole path would launch, with its own addresses, and nothing it
+cannot see the same way.
+
+CPU tensors take the route of CUDA tensors here (values not read on the host, the Triton
+backend, calls replayed), and the launch is stubbed: the whole path's launches are recorded
+with their tensors' addresses, a replay's with the addresses it computed. Each replay must
+equal the whole path's launch for the same tensors, pointer for pointer (a new output: the
+replay's own). The launches themselves run on a GPU (tests/test_cuda_hardware.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ropelib import apply_rope, apply_rope_qk, apply_rope_qk_to_cache, replay, rotation
+from ropelib.tables import generate_rope_embeddings
+
+pytest.importorskip("triton")
+triton_rope = pytest.importorskip("ropelib.triton_rope")
+
+
+@pytest.fixture
+def route(monkeypatch):
+    """CPU calls on the GPU's route, replayed; the stubbed launches as (kind, ``Launch``,
+    pointer addresses), kind "whole" or "replay"."""
+    monkeypatch.setenv("ROPELIB_BACKEND", "triton")
+    monkeypatch.setattr(rotation, "_on_device", lambda t: True)
+    monkeypatch.setattr(replay, "_on_gpu", lambda t: True)
+    replay.clear()
+    launches = []
+
+    def launch(x, prepared, tensors):
+        launches.append(("whole", prepared, tuple(t.data_ptr() for t in tensors)))
+        return lambda pointers: launches.append(("replay", prepared, tuple(pointers)))
+
+    monkeypatch.setattr(triton_rope, "_launch", launch)
+    yield launches
+    replay.clear()
+
+
+def fresh(seed: int) -> dict[str, torch.Tensor]:
+    """New tensors of the same shapes, strides and dtypes for every seed."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(4, 8, 3, 16, generator=g), torch.randn(4, 2, 3, 16, generator=g)
+    cos, sin = (t.clone() for t in generate_rope_embeddings(64, 16))
+    return {"q": q, "k": k, "v": torch.randn_like(k), "cos": cos, "sin": sin,
+            "positions": torch.randint(0, 64, (4, 3), generator=g),
+            "q_out": torch.empty_like(q), "k_out": torch.empty_like(k),
+            "offset": torch.tensor(5), "axes": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
+            "mrope": torch.randint(0, 64, (4, 3, 3), generator=g),
+            "keys": torch.zeros(4, 2, 8, 16), "values": torch.zeros(4, 2, 8, 16),
+            "slot": torch.tensor(2), "xs": torch.randn(4, 3, 8, 16, generator=g).transpose(1, 2)}
+
+
+CASES = {  # name: (call, the tensors it writes in place)
+    "qk positions out=": (lambda t: apply_rope_qk(
+        t["q"], t["k"], t["cos"], t["sin"], layout="half", positions=t["positions"],
+        out=(t["q_out"], t["k_out"])), ("q_out", "k_out")),
+    "qk positions": (lambda t: apply_rope_qk(
+        t["q"], t["k"], t["cos"], t["sin"], positions=t["positions"]), ()),
+    "qk in place": (lambda t: apply_rope_qk(
+        t["q"], t["k"], t["cos"], t["sin"], positions=t["positions"], inplace=True),
+        ("q", "k")),
+    "qk 0-d offset": (lambda t: apply_rope_qk(
+        t["q"], t["k"], t["cos"], t["sin"], offset=t["offset"]), ()),
+    "qk M-RoPE": (lambda t: apply_rope_qk(
+        t["q"], t["k"], t["cos"], t["sin"], layout="half", positions=t["mrope"],
+        axes=t["axes"]), ()),
+    "rope rows": (lambda t: apply_rope(t["q"], t["cos"], t["sin"]), ()),
+    "rope out=": (lambda t: apply_rope(
+        t["q"], t["cos"], t["sin"], positions=t["positions"], out=t["q_out"]), ("q_out",)),
+    "rope in place": (lambda t: apply_rope(
+        t["q"], t["cos"], t["sin"], positions=t["positions"], out=t["q"]), ("q",)),
+    "rope repeat_last": (lambda t: apply_rope(
+        t["q"], t["cos"], t["sin"], positions=t["positions"], short_table="repeat_last"), ()),
+    "rope (B, S, H, D) view": (lambda t: apply_rope(
+        t["xs"], t["cos"], t["sin"], layout="half", positions=t["positions"]), ()),
+    "cache step": (lambda t: apply_rope_qk_to_cache(
+        t["q"], t["k"], t["v"], t["cos"], t["sin"], t["keys"], t["values"], t["slot"],
+        layout="half"), ("keys", "values")),
+    "cache step, positions": (lambda t: apply_rope_qk_to_cache(
+        t["q"], t["k"], t["v"], t["cos"], t["sin"], t["keys"], t["values"], t["slot"],
+        positions=t["positions"]), ("keys", "values")),
+}
+
+
+def as_tuple(result) -> tuple[torch.Tensor, ...]:
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_call_seen_before_replays_the_whole_paths_launch(route, monkeypatch, name):
+    """The second call with new tensors of the same kind is one replayed launch: the same
+    ``Launch`` as the whole path's for those tensors, the same pointers (its own new
+    outputs where the whole path makes new ones), results of the same shapes and strides,
+    the destinations' version counters bumped once."""
+    call, written = CASES[name]
+    call(fresh(0))
+    route.clear()
+    tensors = fresh(1)
+    versions = {n: tensors[n]._version for n in written}
+    replayed = as_tuple(call(tensors))
+    assert [kind for kind, *_ in route] == ["replay"]
+    assert {n: tensors[n]._version - versions[n] for n in written} == {n: 1 for n in written}
+    monkeypatch.setattr(replay, "ENABLED", False)
+    whole = as_tuple(call(tensors))
+    (_, launch, pointers), (kind, whole_launch, whole_pointers) = route
+    assert kind == "whole" and launch == whole_launch
+    given = {t.data_ptr() for t in tensors.values()}
+    new = {r.data_ptr(): i for i, r in enumerate(whole) if r.data_ptr() not in given}
+    expected = tuple(replayed[new[p]].data_ptr() if p in new else p for p in whole_pointers)
+    assert pointers == expected
+    assert [(r.shape, r.stride(), r.dtype) for r in replayed] == [
+        (r.shape, r.stride(), r.dtype) for r in whole]
+    for r, w in zip(replayed, whole, strict=True):
+        assert (r.data_ptr() in given) == (w.data_ptr() in given)
+
+
+def test_an_address_the_recipe_did_not_see_takes_the_whole_path(route):
+    """Alignment and in-place are decided by addresses, which the key does not hold: a
+    misaligned destination, or q and k as their own destinations after a call with
+    buffers, run the whole path."""
+    CASES["qk positions out="][0](fresh(0))
+    tensors = fresh(1)
+    buffer = torch.empty(tensors["q"].numel() + 1)
+    tensors["q_out"] = buffer[1:].view(tensors["q"].shape)  # 4 bytes past an aligned start
+    route.clear()
+    CASES["qk positions out="][0](tensors)
+    assert [kind for kind, *_ in route] == ["whole"]
+    tensors = fresh(2)
+    tensors["q_out"], tensors["k_out"] = tensors["q"], tensors["k"]
+    route.clear()
+    CASES["qk positions out="][0](tensors)
+    assert [kind for kind, *_ in route] == ["whole"]
+
+
+def test_an_overlap_is_refused_after_a_recipe_exists(route):
+    """A destination over the tables is refused by the whole path, also once calls with
+    the same shapes have been replayed."""
+    def tensors_in(buffer: torch.Tensor, out_at: int) -> dict[str, torch.Tensor]:
+        t = fresh(0)
+        cos = buffer[:64 * 8].view(64, 8)
+        cos.copy_(t["cos"])
+        t["cos"], t["q_out"] = cos, buffer[out_at:out_at + t["q"].numel()].view(t["q"].shape)
+        return t
+
+    call = CASES["rope out="][0]
+    call(tensors_in(torch.empty(4096), 1024))
+    call(tensors_in(torch.empty(4096), 1024))
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    with pytest.raises(ValueError, match="out shares memory with cos"):
+        call(tensors_in(torch.empty(4096), 256))
+
+
+class Watcher(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode",
+                                     "compiler", "ROPELIB_BACKEND=eager"])
+def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
+    """Where anybody could see a difference (autograd recording, a dispatch or function
+    mode, a compiler tracing the call) or the backend is another, the whole path runs."""
+    call = CASES["rope rows"][0]
+    call(fresh(0))
+    route.clear()
+    tensors = fresh(1)
+    if watcher == "autograd":
+        tensors["q"].requires_grad_()
+        call(tensors).sum().backward()
+        assert [kind for kind, *_ in route] == ["whole", "whole"]  # forward and backward
+        return
+    if watcher == "compiler":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    if watcher == "ROPELIB_BACKEND=eager":
+        monkeypatch.setenv("ROPELIB_BACKEND", "eager")
+        call(tensors)
+        assert route == []
+        return
+    context = {"dispatch mode": Watcher(), "function mode": torch.device("cpu")}.get(
+        watcher, torch.no_grad())
+    with context:
+        call(tensors)
+    assert [kind for kind, *_ in route] == ["whole"]
+
+
+def test_an_inference_destination_is_refused_outside_inference_mode(route):
+    """The key holds whether each tensor is an inference tensor: a destination made under
+    ``torch.inference_mode()`` is refused outside it, after replays of plain ones."""
+    call = CASES["rope out="][0]
+    call(fresh(0))
+    call(fresh(1))
+    tensors = fresh(2)
+    with torch.inference_mode():
+        tensors["q_out"] = torch.empty_like(tensors["q"])
+    with pytest.raises(ValueError, match="out is an inference tensor"):
+        call(tensors)
+
+
+def test_a_call_the_recipe_cannot_express_keeps_the_whole_path(route):
+    """int32 positions are converted to a new int64 tensor by the whole path: no pointer of
+    the launch comes from the call, so such calls are never replayed (and stay right)."""
+    call = CASES["qk positions"][0]
+    for seed in range(3):
+        tensors = fresh(seed)
+        tensors["positions"] = tensors["positions"].int()
+        call(tensors)
+    assert [kind for kind, *_ in route] == ["whole"] * 3
+
+
+def test_recipes_hold_no_tensor(route):
+    """A recipe keeps numbers, dtypes and the launch, nothing of the call's tensors."""
+    tensors = fresh(0)
+    CASES["qk positions out="][0](tensors)
+    watched = [weakref.ref(t) for t in tensors.values()]
+    del tensors
+    gc.collect()
+    assert all(ref() is None for ref in watched)
+    assert len(replay._recipes) == 1
+
+
+def test_threads_replay_their_own_calls(route):
+    """Threads calling at once (two with the same shapes, one with others) each get the
+    launches a lone call of theirs gets: recording is per thread."""
+    shapes = [(4, 3), (4, 3), (2, 5)]
+
+    def call(batch: int, seq: int) -> None:
+        cos, sin = generate_rope_embeddings(64, 16)
+        q, k = torch.randn(batch, 8, seq, 16), torch.randn(batch, 2, seq, 16)
+        apply_rope_qk(q, k, cos, sin, positions=torch.randint(0, 64, (batch, seq)))
+
+    alone = {}
+    for shape in shapes:
+        call(*shape)
+        alone[shape] = route[-1][1]
+    replay.clear()
+    route.clear()
+    start = threading.Barrier(len(shapes))
+
+    def work(shape: tuple[int, int]) -> None:
+        start.wait()
+        for _ in range(30):
+            call(*shape)
+
+    threads = [threading.Thread(target=work, args=(shape,)) for shape in shapes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(route) == 90
+    assert sorted(str(launch) for _, launch, _ in route) == sorted(
+        str(alone[shape]) for shape in shapes for _ in range(30))
+    assert sum(kind == "replay" for kind, *_ in route) >= 90 - 2 * len(shapes)
