@@ -50,6 +50,7 @@ from ropelib import (  # noqa: E402
     apply_rope_qk_to_cache,
     backend_status,
     kernels,
+    replay,
     triton_rope,
 )
 from ropelib.multiaxis import axis_of_pairs, mrope_positions  # noqa: E402
@@ -148,10 +149,16 @@ def wall_us(fn, calls: int = 200) -> float:
     return statistics.median(samples)
 
 
+GRAPH_CALLS = 20  # calls captured in one graph, for the cost of a call inside a graph
+
+
 def wall_table(title: str, cases: dict[str, object]) -> None:
-    """Eager wall time per call and graph replay time of each case."""
+    """Eager wall time per call, the replay time of a graph of one call, and per call of a
+    graph of ``GRAPH_CALLS`` calls (what a call adds to a captured step, without the
+    graph's own launch)."""
     print(f"\n{title}")
-    print(f"{'formulation':<40}{'eager us/call':>15}{'graph replay us':>17}")
+    print(f"{'formulation':<40}{'eager us/call':>15}{'graph replay us':>17}"
+          f"{f'us/call, {GRAPH_CALLS} in a graph':>26}")
     for name, fn in cases.items():
         try:
             eager = wall_us(fn)
@@ -159,15 +166,20 @@ def wall_table(title: str, cases: dict[str, object]) -> None:
             print(f"{name:<40}  failed: {type(error).__name__}: {str(error)[:100]}")
             sync()
             continue
-        try:
-            replay = f"{median_ms(captured(fn)) * 1e3:17.2f}"
-        except Exception as error:
-            replay = f"  capture failed: {type(error).__name__}: {str(error)[:80]}"
-            sync()
+        shown = []
+        for calls in (1, GRAPH_CALLS):
+            def many(fn=fn, calls=calls):
+                for _ in range(calls):
+                    fn()
+            try:
+                shown.append(f"{median_ms(captured(many)) * 1e3 / calls:.2f}")
+            except Exception as error:
+                shown.append(f"capture failed: {type(error).__name__}: {str(error)[:60]}")
+                sync()
         if DRY_RUN:
             print(f"{name:<40}  dry run: ran eagerly and as the graph's stand-in")
             continue
-        print(f"{name:<40}{eager:15.1f}{replay}")
+        print(f"{name:<40}{eager:15.1f}{shown[0]:>17}{shown[1]:>26}")
 
 
 def hf_rotate_half(x):
@@ -351,9 +363,35 @@ def mrope_table() -> None:
     }
     if LIGER_MROPE is not None:
         cases["Liger M-RoPE"] = lambda: LIGER_MROPE(q, k, cos3, sin3, sections)
+    times = timed(cases)
     table(f"M-RoPE (Qwen2-VL sections {sections}, positions of a mixed sequence), half, "
-          f"{q.dtype}, q {tuple(q.shape)}, k 2 heads", timed(cases), "copy_ both",
+          f"{q.dtype}, q {tuple(q.shape)}, k 2 heads", times, "copy_ both",
           2 * (q.numel() + k.numel()) * q.element_size())
+    mrope_tiles(q, k, q_buf, k_buf, positions, axes, cos, sin, times["copy_ both"])
+
+
+def mrope_tiles(q, k, q_buf, k_buf, positions, axes, cos, sin, copy_ms: float) -> None:
+    """The kernel's tiles for M-RoPE q + k, whose graph replay stands above the other
+    calls': (tokens per program, heads per program, warps) -> time / copy_ both, through
+    ``triton_rope.run`` (no range check compiled in, alike for every tile)."""
+    coordinates, d = positions.reshape(1, 1, *positions.shape), q.shape[-1]
+    default = triton_rope.choose_config(q.shape[0], q.shape[1] + k.shape[1], q.shape[2], d,
+                                        DEVICE == "cuda")
+    results = []
+    for config in [default] + [triton_rope.Config(block_s, heads, warps)
+                               for block_s in (8, 16, 32) for heads in (4, 9, 18)
+                               for warps in (4, 8)]:
+        def run(config=config):
+            triton_rope.run([q, k], [q_buf, k_buf], cos, sin, "half", d, False, coordinates,
+                            axes, config)
+        run()
+        results.append((median_ms(run) / copy_ms, config))
+    if DRY_RUN:
+        print(f"  M-RoPE tiles: {len(results)} ran")
+        return
+    chosen = results[0][0]
+    best = ", ".join(f"{tuple(c)} {r:.2f}" for r, c in sorted(results[1:])[:5])
+    print(f"  M-RoPE tiles: default {tuple(default)} {chosen:.2f}; best {best}")
 
 
 def backward_table() -> None:
@@ -398,6 +436,8 @@ def backward_table() -> None:
             xs, cos.to(dtype), sin.to(dtype)).transpose(1, 2))
     table(f"forward + backward, half, {dtype}, {SHAPE}", timed(cases), "two copy_",
           4 * grad.numel() * grad.element_size())
+    kernels_by_time("ropelib forward + backward", cases["ropelib"])
+    host_side("ropelib forward + backward", cases["ropelib"])
 
 
 def decode_table() -> None:
@@ -421,13 +461,22 @@ def decode_table() -> None:
     def ropelib_step():
         apply_rope_qk(q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out))
 
+    def whole_path_step():
+        replay.ENABLED = False
+        try:
+            ropelib_step()
+        finally:
+            replay.ENABLED = True
+
     def jit_launch_step():
         with_raw, triton_rope._RAW_LAUNCH = triton_rope._RAW_LAUNCH, False
         triton_rope._launchers.clear()
+        replay.ENABLED = False
         try:
             ropelib_step()
         finally:
             triton_rope._RAW_LAUNCH = with_raw
+            replay.ENABLED = True
 
     def hf_step():
         c, s = cos_full[positions][:, None], sin_full[positions][:, None]
@@ -441,6 +490,7 @@ def decode_table() -> None:
             q, k, cos, sin, layout="half", offset=offset, out=(q_out, k_out)),
         "ropelib M-RoPE positions out=": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=mrope, axes=axes, out=(q_out, k_out)),
+        "ropelib positions out=, whole path": whole_path_step,
         "ropelib, Triton's JIT launch every call": jit_launch_step,
         "HF eager": hf_step,
     }
@@ -462,6 +512,7 @@ def assertions_cost(step) -> None:
     default, launchers = triton_rope._compiled, dict(triton_rope._launchers)
     try:
         triton_rope._launchers.clear()
+        replay.clear()
         triton_rope._compiled = triton.jit(triton_rope._rope)
         wall_table("decode step, kernel without its device-side assertions (for comparison)",
                    {"ropelib, no assertions compiled": step})
@@ -469,6 +520,7 @@ def assertions_cost(step) -> None:
         triton_rope._compiled = default
         triton_rope._launchers.clear()
         triton_rope._launchers.update(launchers)
+        replay.clear()
 
 
 def module_decode_table() -> None:
@@ -670,20 +722,27 @@ def host_table() -> None:
             xs, cos[:64], sin[:64], layout="half", out=xs),
     }
     print("\nhost time per call, launch stubbed (CPU: " + (
-        "dry run" if DRY_RUN else "the machine's") + ")")
+        "dry run" if DRY_RUN else "the machine's") + "): the whole path, and the call "
+          "replayed (ropelib.replay: its key seen before)")
     with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
             mock.patch.object(rotation, "_on_device", lambda t: True), \
-            mock.patch.object(triton_rope, "_launch", lambda *args: None):
+            mock.patch.object(replay, "_on_gpu", lambda t: True), \
+            mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
         for name, fn in cases.items():
-            samples = []
-            for _ in range(1 if DRY_RUN else 7):
-                fn()
-                start = time.perf_counter()
-                for _ in range(1 if DRY_RUN else 2000):
+            shown = []
+            for enabled in (False, True):
+                replay.ENABLED = enabled
+                samples = []
+                for _ in range(1 if DRY_RUN else 7):
                     fn()
-                samples.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000) * 1e6)
-            shown = "ran" if DRY_RUN else f"{statistics.median(samples):8.1f} us"
-            print(f"  {name:<44}{shown}")
+                    start = time.perf_counter()
+                    for _ in range(1 if DRY_RUN else 2000):
+                        fn()
+                    samples.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000)
+                                   * 1e6)
+                shown.append("ran" if DRY_RUN else f"{statistics.median(samples):8.1f} us")
+            replay.clear()
+            print(f"  {name:<44}{shown[0]:>12}{shown[1]:>12}")
 
 
 def launch_path_table() -> None:
