@@ -367,31 +367,43 @@ def mrope_table() -> None:
     table(f"M-RoPE (Qwen2-VL sections {sections}, positions of a mixed sequence), half, "
           f"{q.dtype}, q {tuple(q.shape)}, k 2 heads", times, "copy_ both",
           2 * (q.numel() + k.numel()) * q.element_size())
-    mrope_tiles(q, k, q_buf, k_buf, positions, axes, cos, sin, times["copy_ both"])
+    mrope_tiles(positions, axes, cos, sin)
 
 
-def mrope_tiles(q, k, q_buf, k_buf, positions, axes, cos, sin, copy_ms: float) -> None:
-    """The kernel's tiles for M-RoPE q + k, whose graph replay stands above the other
-    calls': (tokens per program, heads per program, warps) -> time / copy_ both, through
-    ``triton_rope.run`` (no range check compiled in, alike for every tile)."""
-    coordinates, d = positions.reshape(1, 1, *positions.shape), q.shape[-1]
-    default = triton_rope.choose_config(q.shape[0], q.shape[1] + k.shape[1], q.shape[2], d,
-                                        DEVICE == "cuda")
+MROPE_TILE_SHAPES = [(1, 16, 2, 4096), (1, 28, 4, 4096), (2, 12, 2, 2048)]  # b, hq, hk, s
+
+
+def mrope_tiles(positions, axes, cos, sin) -> None:
+    """The kernel's tiles for M-RoPE q + k at several shapes (batch, q heads, k heads,
+    tokens; the first is the table's): (tokens per program, heads per program, warps) ->
+    time / copy_ both, through ``triton_rope.run`` with the range checks of a real call."""
+    for b, hq, hk, s in MROPE_TILE_SHAPES[:1] if DRY_RUN else MROPE_TILE_SHAPES:
+        mrope_tiles_at(positions, axes, cos, sin, b, hq, hk, min(s, positions.shape[0]))
+
+
+def mrope_tiles_at(positions, axes, cos, sin, b: int, hq: int, hk: int, s: int) -> None:
+    d = MROPE_SHAPE[-1]
+    q, k = randn(b, hq, s, d), randn(b, hk, s, d)
+    q_buf, k_buf = torch.empty_like(q), torch.empty_like(k)
+    coordinates = positions[:s].reshape(1, 1, s, positions.shape[-1])
+    copy_ms = median_ms(lambda: (q_buf.copy_(q), k_buf.copy_(k)))
+    heads = hq + hk
+    default = triton_rope.choose_config(b, heads, s, d, DEVICE == "cuda", mrope=True)
+    grid = {triton_rope.Config(block_s, per, warps) for block_s in (8, 16)
+            for per in (4, -(-heads // 4), -(-heads // 2), heads) for warps in (4, 8)}
     results = []
-    for config in [default] + [triton_rope.Config(block_s, heads, warps)
-                               for block_s in (8, 16, 32) for heads in (4, 9, 18)
-                               for warps in (4, 8)]:
+    for config in [default, *sorted(grid - {default})]:
         def run(config=config):
             triton_rope.run([q, k], [q_buf, k_buf], cos, sin, "half", d, False, coordinates,
-                            axes, config)
+                            axes, config, pending=kernels.PENDING[False, False])
         run()
         results.append((median_ms(run) / copy_ms, config))
     if DRY_RUN:
         print(f"  M-RoPE tiles: {len(results)} ran")
         return
-    chosen = results[0][0]
-    best = ", ".join(f"{tuple(c)} {r:.2f}" for r, c in sorted(results[1:])[:5])
-    print(f"  M-RoPE tiles: default {tuple(default)} {chosen:.2f}; best {best}")
+    best = ", ".join(f"{tuple(c)} {r:.2f}" for r, c in sorted(results)[:4])
+    print(f"  M-RoPE tiles, q {hq} + k {hk} heads, batch {b}, {s} tokens: default "
+          f"{tuple(default)} {results[0][0]:.2f}; best {best}")
 
 
 def backward_table() -> None:

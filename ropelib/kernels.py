@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import eager, native
+from . import eager, native, replay
 from ._checks import check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
@@ -412,12 +412,32 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
                 axes: torch.Tensor | None = None, pending: Pending | None = None
-                ) -> list[torch.Tensor]:
+                ) -> Sequence[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
     and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
-    directly only for plain tensors in eager mode (``plain_call``); arguments as for
-    ``ropelib::rotate``. Coordinates still ``pending`` go to the Triton kernel as they are
-    (it checks them in its one launch); for another backend ``settle`` checks them first."""
+    directly for plain tensors in eager mode (``plain_call``), by the operators'
+    implementations and by the autograd formulas; arguments as for ``ropelib::rotate``.
+    Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
+    one launch); for another backend ``settle`` checks them first. On a GPU a call seen
+    before is replayed (``ropelib.replay``): the rotations inside a training step, a
+    compiled graph's operator, and public calls that are not replayed whole."""
+    count = len(xs)
+    return replay.run(
+        (count, layout, rotary_dim, inverse, pending) if type(rotary_dim) is int else None,
+        (*xs, *outs, cos, sin, positions, axes), _PAIRS[count], _DESTINATIONS[count],
+        lambda: _run_backend(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                             pending), bump=False)
+
+
+_PAIRS = {1: ((0, 1),), 2: ((0, 2), (1, 3))}  # run_backend's (x, destination) slots
+_DESTINATIONS = {1: (1,), 2: (2, 3)}
+
+
+def _run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+                 inverse: bool, positions: torch.Tensor | None,
+                 axes: torch.Tensor | None, pending: Pending | None) -> list[torch.Tensor]:
+    """``run_backend``'s whole path."""
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None

@@ -60,34 +60,39 @@ _recipes: dict[tuple, Recipe | None] = {}  # None: such calls are not replayable
 _local = threading.local()
 
 
-def run(options: tuple, tensors: tuple[torch.Tensor | None, ...],
+def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
         pairs: tuple[tuple[int, int], ...], destinations: tuple[int, ...],
-        slow: Callable[[], T]) -> T:
-    """``slow()``, or its replay where a call with this key was seen before.
+        slow: Callable[[], T], bump: bool = True) -> T:
+    """``slow()``, or its replay where a call with this key was seen before. A call made
+    while another is being recorded (on this thread) is neither replayed nor recorded: its
+    launch belongs to the outer call's recipe.
 
     Args:
-        options: the call's other arguments (str, int, bool or None) and what it is; None:
-            a call never replayed.
+        options: the call's other arguments (hashable: str, int, bool, None or tuples of
+            them) and what it is; None: a call never replayed.
         tensors: the call's tensors (None where absent), in a fixed order per kind of call.
         pairs: (x, destination) slots of ``tensors`` that may be one tensor (in place).
         destinations: the slots of ``tensors`` the call writes.
-        slow: the whole path; it returns a tensor or a tuple of tensors.
+        slow: the whole path; it returns a tensor or a sequence of tensors.
+        bump: whether a replay bumps the destinations' version counters (False where the
+            caller bumps them after either path).
     """
-    key = _key(options, tensors) if ENABLED and options is not None else None
+    if not ENABLED or options is None or getattr(_local, "launches", None) is not None:
+        return slow()
+    key = _key(options, tensors)
     if key is None:
         return slow()
     recipe = _recipes.get(key, False)
     if recipe is None:
         return slow()
     if recipe is not False:
-        result = _replay(recipe, tensors, pairs, destinations)
+        result = _replay(recipe, tensors, pairs, destinations if bump else ())
         return slow() if result is None else result
-    outer = getattr(_local, "launches", None)
     _local.launches = []
     try:
         result = slow()
     finally:
-        launches, _local.launches = _local.launches, outer
+        launches, _local.launches = _local.launches, None
     if len(_recipes) >= MAX_RECIPES:
         _recipes.clear()
     _recipes[key] = _recipe(launches, tensors, pairs, destinations, result)
@@ -111,9 +116,9 @@ def clear() -> None:
 
 def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
     """The call's key, or None where it must take the whole path: a first tensor off the
-    GPU (``_on_gpu``), a tensor that is not a plain ``torch.Tensor`` or that records
-    autograd, or anybody watching (compiler, tracer, transform, forward AD, dispatch or
-    function mode)."""
+    GPU (``_on_gpu``), a tensor that is not a plain ``torch.Tensor`` (a subclass, or a
+    ``torch.func`` wrapper kept from a finished transform) or that records autograd, or
+    anybody watching (compiler, tracer, transform, forward AD, dispatch or function mode)."""
     if (not _on_gpu(tensors[0]) or torch.compiler.is_compiling()
             or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
             or forward_ad._current_level >= 0 or torch._C._len_torch_dispatch_stack()
@@ -124,7 +129,8 @@ def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | No
     for t in tensors:
         if t is None:
             metas.append(None)
-        elif type(t) is not torch.Tensor or (grad and t.requires_grad):
+        elif (type(t) is not torch.Tensor or (grad and t.requires_grad)
+              or torch._C._functorch.is_functorch_wrapped_tensor(t)):
             return None
         else:
             metas.append((t.size(), t.stride(), t.dtype, t.get_device(), t.is_neg(),
@@ -145,10 +151,10 @@ def _current_device(x: torch.Tensor) -> int:
 
 
 def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
-            pairs: tuple[tuple[int, int], ...],
-            destinations: tuple[int, ...]) -> T | None:
-    """The recorded launch with these tensors' addresses; None (nothing done) where an
-    address differs from the recorded call in alignment, in-place pairs or overlaps."""
+            pairs: tuple[tuple[int, int], ...], bumped: tuple[int, ...]) -> T | None:
+    """The recorded launch with these tensors' addresses, the version counters of the
+    ``bumped`` slots bumped; None (nothing done) where an address differs from the
+    recorded call in alignment, in-place pairs or overlaps."""
     addresses = _addresses(tensors)
     if tuple(addresses[a] == addresses[b] for a, b in pairs) != recipe.same:
         return None
@@ -164,7 +170,7 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
             for shape, dtype, device in recipe.new]
     addresses += [t.data_ptr() for t in made]
     recipe.go([addresses[slot] + offset for slot, offset in recipe.sources])
-    written = tuple(tensors[d] for d in destinations if tensors[d] is not None)
+    written = tuple(tensors[d] for d in bumped if tensors[d] is not None)
     if written:
         torch.autograd.graph.increment_version(written)
     everything = (*tensors, *made)

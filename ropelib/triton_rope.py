@@ -434,7 +434,8 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     heads = [p[0] for p in plan]
     if not (sum(heads) and batch and seq and head_dim):
         return None
-    config = config or choose_config(batch, sum(heads), seq, head_dim, cuda)
+    config = config or choose_config(batch, sum(heads), seq, head_dim, cuda,
+                                     pairs_with_axes is not None)
     operands = [(heads_k, *x_strides, *out_strides) for heads_k, x_strides, out_strides in plan]
     zero = (0,) * 7
     one, two = operands[0], operands[1] if len(operands) > 1 else zero
@@ -507,13 +508,22 @@ def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence]
     return go
 
 
-def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool) -> Config:
+def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
+                  mrope: bool = False) -> Config:
     """Tiles of ``TILE_ELEMENTS`` elements of x and ``HEADS_PER_PROGRAM`` heads a program, 8
     warps: the best of 48 tile shapes for both layouts and dtypes on an H200 at (4, 32, 4096,
-    128) (``bench_gpu.py --sweep``, benchmarks/results/2026-11-26-h200.txt). The interpreter
-    runs one program per token block and batch entry (its programs run one after another)."""
+    128) (``bench_gpu.py --sweep``, benchmarks/results/2026-11-26-h200.txt). M-RoPE
+    (``mrope``: each pair gathers its own table row) amortizes its gathers over more heads:
+    half the tokens, half the heads a program, 4 warps (the best of 18 tile shapes for q 16
+    + k 2 heads, 4096 tokens, on an H200: 1.00x copying both against 1.22x for the default,
+    benchmarks/results/2026-11-27-h200-run4.txt). The interpreter runs one program per token
+    block and batch entry (its programs run one after another)."""
     block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
-    return Config(block_s, HEADS_PER_PROGRAM if cuda else max(heads, 1), 8)
+    if not cuda:
+        return Config(block_s, max(heads, 1), 8)
+    if mrope:
+        return Config(max(1, block_s // 2), max(1, -(-heads // 2)), 4)
+    return Config(block_s, HEADS_PER_PROGRAM, 8)
 
 
 def _pow2(n: int) -> int:

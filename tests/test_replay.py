@@ -165,14 +165,23 @@ class Watcher(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode",
-                                     "compiler", "ROPELIB_BACKEND=eager"])
+                                     "compiler", "ROPELIB_BACKEND=eager", "kept wrapper"])
 def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
     """Where anybody could see a difference (autograd recording, a dispatch or function
-    mode, a compiler tracing the call) or the backend is another, the whole path runs."""
+    mode, a compiler tracing the call), the backend is another, or x is a ``torch.func``
+    wrapper kept from a finished transform (no storage of its own), the whole path runs."""
     call = CASES["rope rows"][0]
     call(fresh(0))
     route.clear()
     tensors = fresh(1)
+    if watcher == "kept wrapper":
+        kept = []
+        torch.func.grad(lambda x: kept.append(x) or x.sum())(tensors["q"])
+        tensors["q"] = kept[0]
+        with torch.no_grad():
+            call(tensors)
+        assert [kind for kind, *_ in route] == ["whole"]
+        return
     if watcher == "autograd":
         tensors["q"].requires_grad_()
         call(tensors).sum().backward()
@@ -205,15 +214,64 @@ def test_an_inference_destination_is_refused_outside_inference_mode(route):
         call(tensors)
 
 
-def test_a_call_the_recipe_cannot_express_keeps_the_whole_path(route):
-    """int32 positions are converted to a new int64 tensor by the whole path: no pointer of
-    the launch comes from the call, so such calls are never replayed (and stay right)."""
-    call = CASES["qk positions"][0]
+INNER = {  # calls not replayed whole, whose rotation (kernels.run_backend) is
+    "int32 positions": lambda t: apply_rope_qk(  # converted to a new int64 tensor
+        t["q"], t["k"], t["cos"], t["sin"], positions=t["positions"].int()),
+    "int offset": lambda t: apply_rope(t["q"], t["cos"], t["sin"], offset=3),  # a slice
+}
+
+
+@pytest.mark.parametrize("name", list(INNER))
+def test_the_rotation_inside_a_call_not_replayed_whole_is_replayed(route, monkeypatch,
+                                                                    name):
+    """A call whose launch the public call's recipe cannot express (a pointer from a tensor
+    the whole path makes, or a slice that moves with an int offset) runs its whole path
+    every time, and the rotation inside it is replayed from its second call on: the whole
+    path's launch for the same tensors, pointer for pointer (where the whole path made a
+    tensor of its own, the replay's is its own too)."""
+    whole = []
+    real = rotation._apply_rope if name == "int offset" else rotation._apply_rope_qk
+    target = "_apply_rope" if name == "int offset" else "_apply_rope_qk"
+    monkeypatch.setattr(rotation, target, lambda *a: whole.append(1) or real(*a))
+    INNER[name](fresh(0))
+    INNER[name](fresh(1))
+    route.clear()
+    tensors = fresh(2)
+    replayed = as_tuple(INNER[name](tensors))
+    monkeypatch.setattr(replay, "ENABLED", False)
+    expected = as_tuple(INNER[name](tensors))
+    assert len(whole) == 4
+    (kind, launch, pointers), (_, whole_launch, whole_pointers) = route
+    assert kind == "replay" and launch == whole_launch
+    new = {r.data_ptr(): i for i, r in enumerate(expected)}
+    given = {t.data_ptr() for t in tensors.values()}
+    for p, w in zip(pointers, whole_pointers, strict=True):
+        if w in new:
+            assert p == replayed[new[w]].data_ptr()
+        elif w in given:
+            assert p == w
+        else:  # a tensor the whole path made for itself (the int64 positions)
+            assert p not in given
+
+
+def test_a_training_steps_rotations_are_replayed(route):
+    """Forward and backward of an eager training step (x records autograd, so the public
+    call is not replayed whole): from the second step on, the forward's rotation and the
+    backward's inverse rotation are each one replayed launch, into the output and into
+    x's gradient."""
     for seed in range(3):
+        route.clear()
         tensors = fresh(seed)
-        tensors["positions"] = tensors["positions"].int()
-        call(tensors)
-    assert [kind for kind, *_ in route] == ["whole"] * 3
+        q = tensors["q"].requires_grad_()
+        y = apply_rope(q, tensors["cos"], tensors["sin"], layout="half")
+        grad = torch.randn_like(y)
+        y.backward(grad)
+    (kind, forward, pointers), (kind_back, backward, back_pointers) = route
+    assert (kind, kind_back) == ("replay", "replay")
+    assert dict(forward.constexprs)["INVERSE"] is False
+    assert dict(backward.constexprs)["INVERSE"] is True
+    assert pointers[:2] == (q.data_ptr(), y.data_ptr())
+    assert back_pointers[:2] == (grad.data_ptr(), q.grad.data_ptr())
 
 
 def test_recipes_hold_no_tensor(route):
