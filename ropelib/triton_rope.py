@@ -513,16 +513,17 @@ def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
     """Tiles of ``TILE_ELEMENTS`` elements of x and ``HEADS_PER_PROGRAM`` heads a program, 8
     warps: the best of 48 tile shapes for both layouts and dtypes on an H200 at (4, 32, 4096,
     128) (``bench_gpu.py --sweep``, benchmarks/results/2026-11-26-h200.txt). M-RoPE
-    (``mrope``: each pair gathers its own table row) amortizes its gathers over more heads:
-    half the tokens, half the heads a program, 4 warps (the best of 18 tile shapes for q 16
-    + k 2 heads, 4096 tokens, on an H200: 1.00x copying both against 1.22x for the default,
-    benchmarks/results/2026-11-27-h200-run4.txt). The interpreter runs one program per token
-    block and batch entry (its programs run one after another)."""
+    (``mrope``: each pair gathers its own table row) over at least a tile of tokens takes
+    half the tokens, a quarter of the heads (rounded up) a program and 4 warps: the best of
+    16 tile shapes at each of three shapes (q 16 + k 2, 28 + 4 and 12 + 2 heads, 2048-4096
+    tokens) on an H200, 0.97-1.03x copying both against 1.22x for the default
+    (benchmarks/results/2026-11-27-h200-run5.txt). The interpreter runs one program per
+    token block and batch entry (its programs run one after another)."""
     block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
     if not cuda:
         return Config(block_s, max(heads, 1), 8)
-    if mrope:
-        return Config(max(1, block_s // 2), max(1, -(-heads // 2)), 4)
+    if mrope and seq >= TILE_ELEMENTS // _pow2(head_dim):
+        return Config(max(1, block_s // 2), max(1, -(-heads // 4)), 4)
     return Config(block_s, HEADS_PER_PROGRAM, 8)
 
 
