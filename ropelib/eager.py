@@ -56,13 +56,25 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
             for x, out in zip(xs, outs, strict=True)]
 
 
+def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
+    """The new output of a rotation of x, every backend's and the operators' fake one: on a
+    GPU in x's memory layout where x is dense with contiguous channels, as PyTorch's
+    elementwise operations make theirs (a ``(batch, seq, heads, dim)`` view stays one, so
+    attention reads it and its output without a copy), else contiguous (the CPU's compiled
+    loop writes rows in order). ``gpu``: whether x counts as on a GPU (default: x's device;
+    the Triton backend plans launches on meta tensors)."""
+    keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
+    return torch.empty_like(x, memory_format=torch.preserve_format if keep
+                            else torch.contiguous_format)
+
+
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                 rotary_dim: int, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
     path = choose_path(x, out, layout, rotary_dim)
     tables = prepare_tables(cos, sin, path, x.dtype, layout, inverse)
     in_place = out is not None and out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
     if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        out = new_output(x)
     xr, outr = x, out
     if rotary_dim < x.shape[-1]:
         if not in_place:

@@ -54,8 +54,8 @@ ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                axes: torch.Tensor | None = None) -> torch.Tensor:
-    """R_Theta x, a new contiguous tensor: the first ``rotary_dim`` channels rotated, the
-    rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
+    """R_Theta x, a new tensor (``eager.new_output``): the first ``rotary_dim`` channels
+    rotated, the rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
 
     Args:
         x: ``(..., seq, head_dim)``.
@@ -83,7 +83,7 @@ def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                  rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                  axes: torch.Tensor | None = None) -> torch.Tensor:
     check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return eager.new_output(x)
 
 
 @torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
@@ -106,8 +106,8 @@ def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
            axes: torch.Tensor | None = None, pending: Pending | None = None) -> torch.Tensor:
-    """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new contiguous
-    tensor (arguments as there; ``pending``: see ``Pending``)."""
+    """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new tensor
+    (arguments as there; ``pending``: see ``Pending``)."""
     if plain_call(x, cos, sin, *_given(positions, axes)):
         return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                             pending)
@@ -135,7 +135,7 @@ def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
     heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
-    (one read of the table rows for both): two new contiguous tensors."""
+    (one read of the table rows for both): two new tensors (``eager.new_output``)."""
     _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                positions, axes)
@@ -154,8 +154,7 @@ def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format))
+    return eager.new_output(q), eager.new_output(k)
 
 
 @torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
@@ -246,7 +245,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     positions = settle(q, cos, positions, None, pending)
     if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
         start = int(slot)
-        q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
+        q_rot = eager.new_output(q)
         rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
                       key_cache[..., start:start + n, :], positions)
         value_cache[..., start:start + n, :].copy_(v)

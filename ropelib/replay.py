@@ -38,7 +38,7 @@ T = TypeVar("T")
 class Recipe(NamedTuple):
     """A call's launch in terms of the call's tensors (slots: the call's tensors, then its
     new outputs): ``go(pointers)`` launches; ``sources`` gives each pointer as (slot, byte
-    offset); ``new`` the outputs to allocate (shape, dtype, device); ``aligned`` (slot,
+    offset); ``new`` the outputs to allocate (shape, strides, dtype, device); ``aligned`` (slot,
     byte offset, whether it was 16-byte aligned) for each pointer into a call's tensor;
     ``same`` whether each (x, destination) pair of the call shared its address;
     ``extents`` each tensor's bytes from its first to past its last element; ``apart``
@@ -47,7 +47,7 @@ class Recipe(NamedTuple):
 
     go: Callable[[Sequence[int]], None]
     sources: tuple[tuple[int, int], ...]
-    new: tuple[tuple[torch.Size, torch.dtype, torch.device], ...]
+    new: tuple[tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device], ...]
     aligned: tuple[tuple[int, int, bool], ...]
     same: tuple[bool, ...]
     extents: tuple[int, ...]
@@ -166,8 +166,8 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
         if (addresses[other] < addresses[d] + extents[d]
                 and addresses[d] < addresses[other] + extents[other]):
             return None
-    made = [torch.empty(shape, dtype=dtype, device=device)
-            for shape, dtype, device in recipe.new]
+    made = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
+            for shape, strides, dtype, device in recipe.new]
     addresses += [t.data_ptr() for t in made]
     recipe.go([addresses[slot] + offset for slot, offset in recipe.sources])
     written = tuple(tensors[d] for d in bumped if tensors[d] is not None)
@@ -214,7 +214,8 @@ def _recipe(launches: list, tensors: tuple[torch.Tensor | None, ...],
                   and extents[d] and extents[other])
     aligned = {(slot, offset, (addresses[slot] + offset) % 16 == 0)
                for slot, offset in sources if slot < len(tensors)}
-    return Recipe(go, tuple(sources), tuple((t.shape, t.dtype, t.device) for t in made),
+    return Recipe(go, tuple(sources),
+                  tuple((t.shape, t.stride(), t.dtype, t.device) for t in made),
                   tuple(sorted(aligned)), same, extents, apart, returns, single)
 
 

@@ -81,7 +81,10 @@ def apply_rope(
             ``(seq, rotary_dim // 2)`` rows first.
 
     Returns:
-        A new tensor with the shape and dtype of x (contiguous), or ``out``.
+        A new tensor with the shape and dtype of x, or ``out``. On a GPU the new tensor
+        takes x's memory layout where x is dense with contiguous channels (as PyTorch's
+        elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
+        attention reads without a copy); on the CPU it is contiguous.
     """
     return replay.run(
         _options("rope", layout, short_table, rotary_dim, offset),
@@ -140,7 +143,8 @@ def apply_rope_qk(
         inplace: rotate q and k in place (``out=(q, k)``).
 
     Returns:
-        ``(q_rotated, k_rotated)``: new contiguous tensors, or the destinations.
+        ``(q_rotated, k_rotated)``: new tensors (laid out as ``apply_rope``'s), or the
+        destinations.
     """
     outs = (q, k) if inplace is True and out is None else out
     options = _options("qk", layout, short_table, rotary_dim, offset, inplace)
@@ -234,7 +238,8 @@ def apply_rope_qk_to_cache(
             ``cache_position + 0 .. n - 1``.
 
     Returns:
-        q rotated, a new contiguous tensor; the caches are written in place.
+        q rotated, a new tensor (laid out as ``apply_rope``'s); the caches are written in
+        place.
 
     Raises:
         ValueError: before anything is written, for arguments of the wrong shape, dtype or

@@ -46,6 +46,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from . import replay
+from .eager import new_output
 
 NAME = "triton"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -331,8 +332,8 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         positions: torch.Tensor | None, axes: torch.Tensor | None,
         config: Config | None = None, *, pending=None, plan: Plan | None = None
         ) -> list[torch.Tensor]:
-    """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new contiguous
-    tensor; x itself: in place), after ``declines`` returned None.
+    """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new tensor,
+    ``eager.new_output``; x itself: in place), after ``declines`` returned None.
 
     Args:
         xs: one or two tensors ``(..., heads, seq, head_dim)`` of one shape but for the heads.
@@ -356,7 +357,7 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         The destinations, in the order of ``xs``.
     """
     plan = plan or examine(xs, outs, cos, sin, rotary_dim, positions)
-    new = [torch.empty_like(x, memory_format=torch.contiguous_format) if o is None else o
+    new = [new_output(x) if o is None else o
            for x, o in zip(xs, outs, strict=True)]
     _rotate(plan, xs, new, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
             pending)
@@ -381,7 +382,7 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
     """
     plan = plan or examine([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
                            positions)
-    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    q_out = new_output(q)
     _rotate(plan, [q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim,
             False, positions, axes, None, pending, slot)
     return q_out
@@ -425,7 +426,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     def drop(meta):
         return None if meta is None else meta[:2]
 
-    outs = tuple((x[0], _contiguous_strides(x[0])) if o is None else o[:2]
+    outs = tuple((x[0], _new_strides(x, cuda)) if o is None else o[:2]
                  for x, o in zip(xs, outs, strict=True))
     capacity = outs[-1][0][-2]
     batch, plan, table_strides, position_strides = _plan(
@@ -457,13 +458,12 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     return Launch(grid, scalars, constexprs, config.num_warps)
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a contiguous tensor of this shape (as ``torch.empty`` makes them)."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
+    """The strides of ``eager.new_output`` of a tensor x = (shape, strides, dtype) on a GPU
+    (``cuda``) or on the CPU, worked out on a meta tensor of x's layout."""
+    shape, strides, dtype = x
+    return new_output(torch.empty_strided(shape, strides, dtype=dtype, device="meta"),
+                      cuda).stride()
 
 
 def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> Callable[[Sequence], None] | None:

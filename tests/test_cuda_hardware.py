@@ -135,6 +135,27 @@ def test_a_replayed_call_equals_the_whole_path(monkeypatch, name):
         assert torch.equal(tensors[n], copies[n]), n
 
 
+def test_a_bshd_view_keeps_its_layout_and_attention_copies_nothing():
+    """On a GPU a new output takes x's layout: q and k of a (B, S, H, D) projection stay
+    so, and the attention module's forward with RoPE runs the kernels of the one without
+    RoPE and one rotation (no copy of q, k or of the attention's output)."""
+    from ropelib import StandardAttentionWithRoPE
+
+    x = torch.randn(2, 64, 8, 128, device=CUDA, dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = generate_rope_embeddings(64, 128, device=CUDA)
+    assert apply_rope(x, cos, sin).stride() == x.stride()
+    kw = {"num_kv_heads": 2, "bias": False, "layout": "half", "device": CUDA,
+          "dtype": torch.bfloat16}
+    with_rope = StandardAttentionWithRoPE(1024, 8, **kw).eval()
+    without = StandardAttentionWithRoPE(1024, 8, rope=False, **kw).eval()
+    h = torch.randn(1, 256, 1024, device=CUDA, dtype=torch.bfloat16)
+    with torch.no_grad():
+        rotated = device_work(lambda: with_rope(h, h, h, is_causal=True))
+        plain = device_work(lambda: without(h, h, h, is_causal=True))
+    assert sum("rope" in name for name in rotated) == 1, rotated
+    assert sorted(name for name in rotated if "rope" not in name) == sorted(plain), rotated
+
+
 def test_the_backward_is_one_kernel():
     x = torch.randn(4, 32, 512, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = generate_rope_embeddings(512, 128, device=CUDA)

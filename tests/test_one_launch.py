@@ -33,15 +33,18 @@ ALLOCATIONS = {"empty_like", "empty", "empty_strided", "new_empty"}
 
 
 class Recorder(TorchDispatchMode):
-    """Every ATen operation run under it, by name."""
+    """Every ATen operation run under it, by name, but those on meta tensors (which hold no
+    memory and run nothing: the Triton backend plans a new output's strides on one)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[torch._ops.OpOverload] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        if not (isinstance(result, torch.Tensor) and result.is_meta):
+            self.ops.append(func)
+        return result
 
     def device_work(self) -> list[str]:
         """The operations that would run on the device: all but views and allocations."""

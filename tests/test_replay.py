@@ -317,3 +317,28 @@ def test_threads_replay_their_own_calls(route):
     assert sorted(str(launch) for _, launch, _ in route) == sorted(
         str(alone[shape]) for shape in shapes for _ in range(30))
     assert sum(kind == "replay" for kind, *_ in route) >= 90 - 2 * len(shapes)
+
+
+@pytest.mark.parametrize("layout", ["(B, H, S, D)", "(B, S, H, D) view", "size-1 dims",
+                                    "a slice", "strided channels"])
+def test_a_planned_new_output_has_the_strides_it_will_be_made_with(layout):
+    """The Triton backend plans a new output's strides from its x's (shape, strides, dtype)
+    alone; ``eager.new_output`` then makes it: both agree, on a GPU (x's order of dims kept,
+    densely, where x's channels are contiguous: PyTorch's preserve_format) and on the CPU
+    (contiguous)."""
+    from ropelib import eager
+
+    base = torch.randn(2, 6, 3, 16)
+    x = {"(B, H, S, D)": base.transpose(1, 2).contiguous(),
+         "(B, S, H, D) view": base.transpose(1, 2),
+         "size-1 dims": torch.randn(1, 6, 1, 16).transpose(1, 2),
+         "a slice": base.transpose(1, 2)[:, :2],
+         "strided channels": torch.randn(2, 3, 16, 6).transpose(-1, -2)}[layout]
+    for gpu in (True, False):
+        planned = triton_rope._new_strides(triton_rope._meta(x), gpu)
+        assert planned == eager.new_output(x, gpu).stride()
+    on_gpu = {"strided channels": x.contiguous().stride(),  # the kernel's channels: stride 1
+              "a slice": x.transpose(1, 2).contiguous().transpose(1, 2).stride()  # dense
+              }.get(layout, x.stride())
+    assert eager.new_output(x, True).stride() == on_gpu
+    assert eager.new_output(x, False).is_contiguous()
