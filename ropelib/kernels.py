@@ -344,10 +344,7 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     if t.is_meta or not t.numel():
         return 0, 0
     start = t.data_ptr()
-    if t.is_contiguous():
-        return start, start + t.nbytes
-    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return start, start + (extent + 1) * t.element_size()
+    return start, start + (t.nbytes if t.is_contiguous() else replay.extent(t))
 
 
 def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
