@@ -121,6 +121,20 @@ def test_the_bench_gpu_results_are_read_as_written():
     assert sweep["best"][0] == ("(16, 4, 8)", 1.05) and len(sweep["best"]) == 4
 
 
+def test_a_results_file_of_one_run_is_read_as_written():
+    run = gpu_runs.read_bench_run("2026-11-27-h200-run4.txt")
+    decode = run["decode step, 64 rows at their own positions, q 32 heads, k 8, half, "
+                 "torch.bfloat16"]
+    assert decode["ropelib apply_rope_qk positions out="] == [47.6, 9.28, 4.95]
+    assert decode["HF eager"] == [169.9, 36.16, 28.01]
+    module = run["attention module decode step, 64 rows, width 4096, GQA 32/8, "
+                 "torch.bfloat16, cache of 4096 slots (cache_position)"]
+    assert module["without RoPE"] == [564.9, 332.32, 324.05]
+    assert run["forward + backward, half, torch.bfloat16, (4, 32, 4096, 128)"][
+        "flash-attn apply_rotary"] == ["failed"]
+    assert "" not in gpu_runs.read_bench_gpu()  # a file of runs has no run ""
+
+
 def test_predicted_ratio_is_one_plus_two_over_h_e():
     for dtype, e in (("bfloat16", 2), ("float32", 4)):
         for h in (1, 2, 4, 8):

@@ -10,9 +10,10 @@ Three sources, never mixed up:
 - ``read_step_run`` / ``latest_step_run``: a stored run of the step kernels. Its header
   carries the hash of the kernels' source it timed; a run whose hash differs from
   ``gpu_steps.source_hash()`` is refused (ValueError): its numbers belong to other code.
-- ``read_bench_gpu``: the tables of ``benchmarks/bench_gpu.py`` (ropelib's own kernel, the
-  compiled formulas, decode steps), e.g. ``2026-11-26-h200.txt``. No hash ties them to the
-  step kernels.
+- ``read_bench_gpu`` / ``read_bench_run``: the tables of ``benchmarks/bench_gpu.py``
+  (ropelib's own kernel, the compiled formulas, decode steps), e.g. ``2026-11-26-h200.txt``
+  (several runs) or ``2026-11-27-h200-run6.txt`` (one). No hash ties them to the step
+  kernels.
 """
 
 from __future__ import annotations
@@ -434,9 +435,11 @@ def read_bench_gpu(path: str | Path = BENCH_GPU) -> dict[str, dict[str, dict[str
     """The tables of a ``bench_gpu.py`` results file: run ("Run 4") -> table title -> row
     name -> its numbers (a list of floats) or its text where it has none ("capture
     failed: ..."). Each run's tile sweep is the table "sweep", its rows "dtype layout" ->
-    ``{"default": (config, ratio), "best": [(config, ratio), ...]}``."""
-    runs: dict[str, dict[str, dict[str, object]]] = {}
+    ``{"default": (config, ratio), "best": [(config, ratio), ...]}``. A file of one run,
+    without "## Run N" headings (``2026-11-27-h200-run6.txt``), is the run ``""``
+    (``read_bench_run``)."""
     tables: dict[str, dict[str, object]] = {}
+    runs: dict[str, dict[str, dict[str, object]]] = {"": tables}
     title, rows, previous = None, None, ""
     for line in Path(path).read_text().splitlines():
         run = re.match(r"## (Run \d+)", line)
@@ -468,7 +471,14 @@ def read_bench_gpu(path: str | Path = BENCH_GPU) -> dict[str, dict[str, dict[str
                     rest = rest[number.end():]
                 rows[m.group(1)] = values + ([rest] if rest else [])
         previous = line if not line.startswith("#") else previous
+    if not runs[""]:
+        del runs[""]
     return runs
+
+
+def read_bench_run(name: str) -> dict[str, dict[str, object]]:
+    """The tables of the one run in ``benchmarks/results/<name>`` (``read_bench_gpu``)."""
+    return read_bench_gpu(RESULTS / name)[""]
 
 
 # --------------------------------------------------------------------------- steps for the chapter
