@@ -702,12 +702,23 @@ def fused_api_table() -> None:
 def host_table() -> None:
     """The host's time per call, launches stubbed: ropelib's Python on the route of CUDA
     tensors (taken here by CPU tensors: values not read, the Triton backend, the launch
-    replaced by a no-op). Needs no GPU; the decode shapes of decode_table, and (B, H, S, D)
-    and (B, S, H, D) calls at a small shape. (The Hugging Face formula's cost per call on a
-    GPU is its launches: decode_table's wall time.)"""
+    replaced by a no-op). Needs no GPU; the decode shapes of decode_table, (B, H, S, D) and
+    (B, S, H, D) calls at a small shape, the registered operator as a compiled graph calls
+    it, and a training step (forward + backward) beside its floor: an autograd.Function
+    that only allocates its output and its gradient. (The Hugging Face formula's cost per
+    call on a GPU is its launches: decode_table's wall time.)"""
     from unittest import mock
 
     from ropelib import rotation
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return torch.empty_like(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g)
 
     hq, hk, d = *QK_HEADS, SHAPE[3]
     q, k = torch.randn(DECODE_ROWS, hq, 1, d), torch.randn(DECODE_ROWS, hk, 1, d)
@@ -719,6 +730,12 @@ def host_table() -> None:
     buffers = {id(t): torch.empty_like(t) for t in (x, xs)}
     axes = axis_of_pairs(d, [d // 8, 3 * d // 16, 3 * d // 16])
     mrope = torch.randint(0, 8192, (DECODE_ROWS, 1, 3))
+    q_prefill, k_prefill = torch.randn(1, hq, 64, d), torch.randn(1, hk, 64, d)
+    trained, grad = torch.randn(2, 8, 64, d, requires_grad=True), torch.randn(2, 8, 64, d)
+
+    def train(forward):
+        trained.grad = None
+        forward().backward(grad)
     cases = {
         "apply_rope_qk positions out= (decode)": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out)),
@@ -732,6 +749,12 @@ def host_table() -> None:
             xs, cos[:64], sin[:64], layout="half", out=buffers[id(xs)]),
         "apply_rope (B, S, H, D) view in place": lambda: apply_rope(
             xs, cos[:64], sin[:64], layout="half", out=xs),
+        "operator ropelib::rotate_qk (compiled graph)": lambda: torch.ops.ropelib.rotate_qk(
+            q_prefill, k_prefill, cos[:64], sin[:64], "half", d),
+        "forward + backward, apply_rope": lambda: train(
+            lambda: apply_rope(trained, cos[:64], sin[:64], layout="half")),
+        "forward + backward, floor (autograd.Function)": lambda: train(
+            lambda: Floor.apply(trained)),
     }
     print("\nhost time per call, launch stubbed (CPU: " + (
         "dry run" if DRY_RUN else "the machine's") + "): the whole path, and the call "
@@ -754,7 +777,7 @@ def host_table() -> None:
                                    * 1e6)
                 shown.append("ran" if DRY_RUN else f"{statistics.median(samples):8.1f} us")
             replay.clear()
-            print(f"  {name:<44}{shown[0]:>12}{shown[1]:>12}")
+            print(f"  {name:<48}{shown[0]:>12}{shown[1]:>12}")
 
 
 def launch_path_table() -> None:
