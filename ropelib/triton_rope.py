@@ -467,18 +467,32 @@ def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
 
 
 def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> Callable[[Sequence], None] | None:
-    """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU through Triton's
-    JIT the first time a key is seen (it compiles and specializes), then straight through the
-    compiled kernel's launcher with the same arguments (the JIT's own argument binding costs
-    several microseconds a call). The key holds every value the kernel is specialized on: the
-    integers, the dtypes and whether each pointer is 16-byte aligned. Returns the prepared
-    launch of such pointers (``_bound``; ``ropelib.replay`` replays it), None where there is
-    none (the interpreter, a Triton without raw launches)."""
-    grid, scalars, constexprs, num_warps = launch
+    """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU on x's device,
+    which Triton takes to be the current one (a model split over GPUs, e.g. Hugging Face's
+    ``device_map="auto"``, calls with tensors on another: the launch then runs with x's
+    device made current, and the current device is restored). Returns the prepared launch
+    of such pointers under the same current device (``ropelib.replay`` replays it), None
+    where there is none (the interpreter, a Triton without raw launches)."""
     if not x.is_cuda:
+        grid, scalars, constexprs, _ = launch
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
         return None
-    device = torch.cuda.current_device()
+    device = x.get_device()
+    if device == torch.cuda.current_device():
+        return _launch_on(device, launch, tensors)
+    with torch.cuda.device(device):
+        go = _launch_on(device, launch, tensors)
+    return None if go is None else _switching(device, go)
+
+
+def _launch_on(device: int, launch: Launch, tensors: tuple
+               ) -> Callable[[Sequence], None] | None:
+    """``_launch`` on the current device, ``device``: through Triton's JIT the first time a
+    key is seen (it compiles and specializes), then straight through the compiled kernel's
+    launcher with the same arguments (the JIT's own argument binding costs several
+    microseconds a call). The key holds every value the kernel is specialized on: the
+    integers, the dtypes and whether each pointer is 16-byte aligned."""
+    grid, scalars, constexprs, num_warps = launch
     key = (launch, device, *(t.dtype for t in tensors),
            *(t.data_ptr() % 16 == 0 for t in tensors))
     go = _launchers.get(key)
@@ -506,6 +520,15 @@ def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence]
     def go(pointers: Sequence) -> None:
         runner(*pointers, *tail, stream=current_stream(device))
     return go
+
+
+def _switching(device: int, go: Callable[[Sequence], None]) -> Callable[[Sequence], None]:
+    """``go`` run with ``device`` made current (the recipe of a call whose tensors are on
+    another device than the current one: replays of it meet the same current device)."""
+    def on_device(pointers: Sequence) -> None:
+        with torch.cuda.device(device):
+            go(pointers)
+    return on_device
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,

@@ -224,3 +224,20 @@ def test_the_decode_step_replays_from_a_cuda_graph():
         torch.testing.assert_close(key_cache[:, :, cache_slot].double().cpu(),
                                    rotated_half(k[:, :, 0], c, s), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(value_cache[:, :, cache_slot], v[:, :, 0])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_gpu_than_the_current_one_rotate_there():
+    """A model split over GPUs calls with tensors on a device that is not the current one:
+    the kernel runs on theirs (the whole path, its prepared launch and a replay), equal to
+    the same call on the current device, and the current device stays what it was."""
+    torch.cuda.set_device(0)
+    q, k, cos, sin, positions = decode_inputs(torch.float32)
+    expected = apply_rope_qk(q, k, cos, sin, layout="half", positions=positions)
+    moved = [t.to("cuda:1") for t in (q, k, cos, sin, positions)]
+    for _ in range(3):  # the JIT launch, the prepared launch, a replay
+        got = apply_rope_qk(*moved[:4], layout="half", positions=moved[4])
+        assert torch.cuda.current_device() == 0
+        for result, want in zip(got, expected, strict=True):
+            assert result.device == torch.device("cuda:1")
+            torch.testing.assert_close(result.cpu(), want.cpu(), rtol=0, atol=0)

@@ -371,6 +371,63 @@ def test_prepared_launches_equal_the_first_one():
     assert len(triton_rope._launchers) == (1 if triton_rope._RAW_LAUNCH else 0)
 
 
+def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
+    """Triton compiles and launches on the current CUDA device. A model split over GPUs
+    (Hugging Face's device_map="auto") calls with tensors on another: the JIT launch, the
+    prepared launch and a replay's launch all run with x's device current, and the current
+    device is restored after each. On the CPU: the device calls and Triton's runners are
+    stand-ins that note which device is current when they run."""
+    import triton
+
+    current, seen = [0], []
+
+    class Device:  # torch.cuda.device: `index` current inside the block
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    q = torch.randn(2, 4, 3, 8)
+    cos, sin = generate_rope_embeddings(3, 8)
+    launch = triton_rope.examine([q], [None], cos, sin, 8, None).launch(
+        "half", 8, False, None, False, False, False, False, True, None, False)
+    tensors = (q,) * 6 + (cos, sin, cos, cos, cos)
+    arguments = len(tensors) + len(launch.scalars) + len(launch.constexprs)
+
+    class Compiled:  # a compiled kernel: its raw launcher notes the current device
+        src = type("Source", (), {"signature": (None,) * arguments})
+
+        def __getitem__(self, grid):
+            return lambda *args, stream: seen.append(("raw", current[0], stream))
+
+    class Jit:  # triton.jit's launch: notes the current device, returns the kernel
+        def __getitem__(self, grid):
+            return lambda *args, **options: seen.append(("jit", current[0])) or Compiled()
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(triton.runtime.driver, "_active", type(
+        "Driver", (), {"get_current_stream": staticmethod(lambda device: f"s{device}")}))
+    monkeypatch.setattr(triton_rope, "_compiled", Jit())
+    monkeypatch.setattr(triton_rope, "_RAW_LAUNCH", True)
+    monkeypatch.setattr(triton_rope, "_launchers", {})
+    x = type("CudaX", (), {"is_cuda": True, "get_device": lambda self: 1})()
+    go = triton_rope._launch(x, launch, tensors)  # the first call: Triton's JIT
+    assert seen == [("jit", 1)] and current == [0]
+    assert triton_rope._launch(x, launch, tensors) is not None  # prepared
+    assert seen[1:] == [("raw", 1, "s1")] and current == [0]
+    go(tensors)  # a replay of the first call's recipe
+    assert seen[2:] == [("raw", 1, "s1")] and current == [0]
+    current[0] = 1  # x's device current: no switch, the same launcher
+    triton_rope._launch(x, launch, tensors)
+    assert seen[3:] == [("raw", 1, "s1")]
+    assert len(triton_rope._launchers) == 1
+
+
 def test_rows_of_given_positions_equal_the_tables(device):
     """The rows a module computes for given positions on the device (the route of a GPU and
     of a compiled graph, RotaryEmbedding.traced_rows) equal its float64-computed tables
