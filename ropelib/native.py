@@ -243,6 +243,8 @@ def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], co
         reason = _declines_tensor(x, out)
         if reason is not None:
             return reason
+    if cos.is_neg() or sin.is_neg():
+        return "cos and sin must not be lazily negated views"
     if positions is not None and not supports_axes(xs[0], rotary_dim):
         return (f"a gathered row of {rotary_dim} channels does not fit the loop's tile buffer "
                 f"({_load()[0].tile_bytes} bytes)")
@@ -268,9 +270,10 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
 
 def supports_axis_rows(cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether ``axis_rows`` applies: enabled and built, CPU tables of one float32 or float64
-    dtype."""
+    dtype, not lazily negated views (the loop reads their memory as it is)."""
     return (_enabled and cos.is_cpu and sin.is_cpu and cos.dtype in TABLE_DTYPES
-            and sin.dtype == cos.dtype and _load()[0] is not None)
+            and sin.dtype == cos.dtype and not (cos.is_neg() or sin.is_neg())
+            and _load()[0] is not None)
 
 
 def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,

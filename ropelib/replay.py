@@ -42,8 +42,11 @@ class Recipe(NamedTuple):
     byte offset, whether it was 16-byte aligned) for each pointer into a call's tensor;
     ``same`` whether each (x, destination) pair of the call shared its address;
     ``extents`` each tensor's bytes from its first to past its last element; ``apart``
-    the (destination, other tensor) slots whose bytes did not meet; ``returns`` the slots
-    of the result (``single``: one tensor, not a tuple)."""
+    the (destination, other tensor) slots whose bytes did not meet; ``gaps`` (destination,
+    other tensor, destination's address minus the other's) for those whose bytes met, such
+    as q and k rotated in place in one fused projection (what elements they share then
+    follows from their strides and that distance, as it did in the recorded call);
+    ``returns`` the slots of the result (``single``: one tensor, not a tuple)."""
 
     go: Callable[[Sequence[int]], None]
     sources: tuple[tuple[int, int], ...]
@@ -52,6 +55,7 @@ class Recipe(NamedTuple):
     same: tuple[bool, ...]
     extents: tuple[int, ...]
     apart: tuple[tuple[int, int], ...]
+    gaps: tuple[tuple[int, int, int], ...]
     returns: tuple[int, ...]
     single: bool
 
@@ -116,27 +120,32 @@ def clear() -> None:
 
 def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
     """The call's key, or None where it must take the whole path: a first tensor off the
-    GPU (``_on_gpu``), a tensor that is not a plain ``torch.Tensor`` (a subclass, or a
-    ``torch.func`` wrapper kept from a finished transform) or that records autograd, or
-    anybody watching (compiler, tracer, transform, forward AD, dispatch or function mode)."""
-    if (not _on_gpu(tensors[0]) or torch.compiler.is_compiling()
-            or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+    GPU (``_on_gpu``), a tensor on another device than the first (a 0-d offset or a cache
+    slot on the host is read there, and its value moves the launch), a tensor that is not a
+    plain ``torch.Tensor`` (a subclass, or a ``torch.func`` wrapper kept from a finished
+    transform) or that records autograd, or anybody watching (compiler, tracer, transform,
+    forward AD, dispatch or function mode)."""
+    first = tensors[0]
+    if (type(first) is not torch.Tensor or not _on_gpu(first)
+            or torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active()
             or forward_ad._current_level >= 0 or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled()):
         return None
     grad = torch.is_grad_enabled()
+    device = first.device
     metas = []
     for t in tensors:
         if t is None:
             metas.append(None)
-        elif (type(t) is not torch.Tensor or (grad and t.requires_grad)
+        elif (type(t) is not torch.Tensor or t.device != device
+              or (grad and t.requires_grad)
               or torch._C._functorch.is_functorch_wrapped_tensor(t)):
             return None
         else:
-            metas.append((t.size(), t.stride(), t.dtype, t.get_device(), t.is_neg(),
-                          t.is_inference()))
-    return (*options, *metas, os.environ.get("ROPELIB_BACKEND"),
-            torch.is_inference_mode_enabled(), _current_device(tensors[0]))
+            metas.append((t.size(), t.stride(), t.dtype, t.is_neg(), t.is_inference()))
+    return (*options, *metas, device, os.environ.get("ROPELIB_BACKEND"),
+            torch.is_inference_mode_enabled(), _current_device(first))
 
 
 def _on_gpu(x: torch.Tensor) -> bool:
@@ -154,7 +163,8 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
             pairs: tuple[tuple[int, int], ...], bumped: tuple[int, ...]) -> T | None:
     """The recorded launch with these tensors' addresses, the version counters of the
     ``bumped`` slots bumped; None (nothing done) where an address differs from the
-    recorded call in alignment, in-place pairs or overlaps."""
+    recorded call in alignment, in-place pairs, overlaps or the distance of overlapping
+    tensors."""
     addresses = _addresses(tensors)
     if tuple(addresses[a] == addresses[b] for a, b in pairs) != recipe.same:
         return None
@@ -165,6 +175,9 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
     for d, other in recipe.apart:
         if (addresses[other] < addresses[d] + extents[d]
                 and addresses[d] < addresses[other] + extents[other]):
+            return None
+    for d, other, gap in recipe.gaps:
+        if addresses[d] - addresses[other] != gap:
             return None
     made = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
             for shape, strides, dtype, device in recipe.new]
@@ -203,20 +216,28 @@ def _recipe(launches: list, tensors: tuple[torch.Tensor | None, ...],
         if slot is None:
             return None
         sources.append((slot, t.data_ptr() - every[slot].data_ptr()))
-    returns = tuple(next(i for i, t in enumerate(every) if t is r) for r in results)
+    written = (*destinations, *range(len(tensors), len(every)))  # a result is one of these
+    returns = tuple(next(i for i in (*written, *range(len(every))) if every[i] is r)
+                    for r in results)
     addresses = _addresses(tensors)
     same = tuple(addresses[a] == addresses[b] for a, b in pairs)
     extents = tuple(0 if t is None else extent(t) for t in tensors)
     in_place = {pair for pair, equal in zip(pairs, same, strict=True) if equal}
-    apart = tuple((d, other) for d in destinations if tensors[d] is not None
-                  for other, t in enumerate(tensors)
-                  if t is not None and other != d and (other, d) not in in_place
-                  and extents[d] and extents[other])
+    checked = [(d, other) for d in destinations if tensors[d] is not None
+               for other, t in enumerate(tensors)
+               if t is not None and other != d and (other, d) not in in_place
+               and extents[d] and extents[other]]
+    met = {(d, other) for d, other in checked
+           if addresses[other] < addresses[d] + extents[d]
+           and addresses[d] < addresses[other] + extents[other]}
+    apart = tuple(pair for pair in checked if pair not in met)
+    gaps = tuple((d, other, addresses[d] - addresses[other]) for d, other in checked
+                 if (d, other) in met)
     aligned = {(slot, offset, (addresses[slot] + offset) % 16 == 0)
                for slot, offset in sources if slot < len(tensors)}
     return Recipe(go, tuple(sources),
                   tuple((t.shape, t.stride(), t.dtype, t.device) for t in made),
-                  tuple(sorted(aligned)), same, extents, apart, returns, single)
+                  tuple(sorted(aligned)), same, extents, apart, gaps, returns, single)
 
 
 def _slot(t: torch.Tensor, tensors: tuple[torch.Tensor | None, ...],

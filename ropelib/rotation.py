@@ -147,7 +147,7 @@ def apply_rope_qk(
         destinations.
     """
     outs = (q, k) if inplace is True and out is None else out
-    options = _options("qk", layout, short_table, rotary_dim, offset, inplace)
+    options = _options("qk", layout, short_table, rotary_dim, offset, inplace, outs is None)
     if outs is None:
         outs = (None, None)
     elif type(outs) not in (tuple, list) or len(outs) != 2:

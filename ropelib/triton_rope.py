@@ -283,8 +283,9 @@ def examine(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos
     if not (x.is_cuda or x.is_cpu):
         return Plan(None, "Triton runs on CUDA tensors (and on the CPU in its interpreter), "
                           f"got {x.device}")
-    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None))):
-        return Plan(None, "x and out must not be lazily negated or conjugated views")
+    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None),
+                                                cos, sin)):
+        return Plan(None, "x, out, cos and sin must not be lazily negated or conjugated views")
     return _plan_for(tuple(_meta(t) for t in xs),
                      tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
                      _meta(sin), None if positions is None else _meta(positions))

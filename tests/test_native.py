@@ -429,3 +429,33 @@ def test_one_coordinate_per_token_without_axes(layout):
 def test_tile_rows_names_a_bad_count(args, name):
     with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
         native.tile_rows(*args)
+
+
+@pytest.mark.parametrize("where", ["rows", "positions", "M-RoPE"])
+@pytest.mark.parametrize("forced", [None, "native", "triton"])
+def test_tables_that_are_lazily_negated_views_are_read_as_their_values(monkeypatch, forced,
+                                                                       where):
+    """cos and sin may be lazily negated views (``t.conj().imag`` of a complex t): values
+    their memory stores negated. The compiled loop and the Triton kernel read memory as it
+    is, so they refuse such tables where they would read them (a forced backend says why;
+    rows gathered first are new tensors, which they take); every call that runs rotates by
+    the tables' values, as with the plain tables (float64 reference)."""
+    if forced == "triton":
+        pytest.importorskip("triton")
+    cos, sin = generate_rope_embeddings(8, 8)
+    negated = [torch._neg_view(-t) for t in (cos, sin)]
+    assert all(t.is_neg() for t in negated) and torch.equal(negated[0], cos)
+    x = torch.randn(2, 2, 3, 8)
+    given = {"rows": {}, "positions": {"positions": torch.tensor([3, 0, 5])},
+             "M-RoPE": {"positions": torch.tensor([[3, 0, 1], [0, 5, 2], [7, 7, 7]]),
+                        "axes": torch.tensor([0, 1, 2, 1])}}[where]
+    expected = apply_rope(x.double(), cos.double(), sin.double(), layout="half", **given)
+    if forced:
+        monkeypatch.setenv("ROPELIB_BACKEND", forced)
+    try:
+        result = apply_rope(x, *negated, layout="half", **given)
+    except ValueError as error:
+        assert forced, error
+        assert "must not be lazily negated" in str(error)
+        return
+    torch.testing.assert_close(result, expected.float(), rtol=1e-6, atol=1e-6)

@@ -159,6 +159,75 @@ def test_an_overlap_is_refused_after_a_recipe_exists(route):
         call(tensors_in(torch.empty(4096), 256))
 
 
+def test_a_tensor_on_another_device_than_the_first_takes_the_whole_path(route):
+    """A 0-d offset or a cache slot on the host beside tensors on a GPU is read there, and
+    its value moves the table rows the launch reads: such a call has no key. (On the CPU
+    the first tensor's device stands for the GPU; the meta device for another one.)"""
+    t = fresh(0)
+    options = ("rope", "interleaved", "raise", None)
+    assert replay._key(options, (t["q"], t["cos"], t["sin"], t["offset"])) is not None
+    assert replay._key(options, (t["q"], t["cos"], t["sin"],
+                                 t["offset"].to("meta"))) is None
+
+
+def test_a_pair_of_none_as_out_is_refused_after_calls_without_out(route):
+    """``out=(None, None)`` is a TypeError on the whole path; a recipe of calls without
+    ``out`` (whose tensors are the same) does not replay it."""
+    call = CASES["qk positions"][0]
+    call(fresh(0))
+    call(fresh(1))
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    t = fresh(2)
+    for pair in ((None, None), [None, None]):
+        with pytest.raises(TypeError, match="q_out must be a torch.Tensor"):
+            apply_rope_qk(t["q"], t["k"], t["cos"], t["sin"], positions=t["positions"],
+                          out=pair)
+
+
+def test_a_replay_returns_the_destination_it_was_given(route):
+    """A recipe recorded in place (out is x) returns, for a later call, that call's out:
+    here another tensor at x's address with x's strides, which does not record autograd
+    where x does."""
+    t = fresh(0)
+    with torch.no_grad():
+        apply_rope(t["q"], t["cos"], t["sin"], positions=t["positions"], out=t["q"])
+    x = fresh(1)["q"].requires_grad_()
+    out = x.detach()
+    with torch.no_grad():
+        result = apply_rope(x, t["cos"], t["sin"], positions=t["positions"], out=out)
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    assert result is out and not result.requires_grad
+
+
+def test_fused_q_and_k_rotated_in_place_replay_at_their_distance(route):
+    """q and k rotated in place as views of one fused (batch, seq, heads, dim) projection
+    share their byte ranges: replayed where they sit at the recorded distance from each
+    other (what elements they share follows from it), the whole path elsewhere."""
+    def fused(heads_k_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        buffer = torch.randn(4, 3, 10, 16)
+        q, k = (buffer[:, :, 2:], buffer[:, :, :2]) if heads_k_first else (
+            buffer[:, :, :8], buffer[:, :, 8:])
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    t = fresh(0)
+    for heads_k_first in (False, False, True):
+        q, k = fused(heads_k_first)
+        apply_rope_qk(q, k, t["cos"], t["sin"], positions=t["positions"], inplace=True)
+    assert [kind for kind, *_ in route] == ["whole", "replay", "whole"]
+    kinds = [(kind, pointers) for kind, _, pointers in route]
+    assert kinds[1][1][:4] != kinds[0][1][:4]  # new addresses
+
+
+def test_a_call_of_a_non_tensor_names_the_argument(monkeypatch):
+    """The replay's key looks at the first tensor before the whole path does: a non-tensor
+    there is the whole path's TypeError, not an AttributeError."""
+    cos, sin = generate_rope_embeddings(4, 8)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+        apply_rope(None, cos, sin)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        apply_rope_qk([1.0], torch.randn(1, 1, 4, 8), cos, sin)
+
+
 class Watcher(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
