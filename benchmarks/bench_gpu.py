@@ -704,21 +704,13 @@ def host_table() -> None:
     tensors (taken here by CPU tensors: values not read, the Triton backend, the launch
     replaced by a no-op). Needs no GPU; the decode shapes of decode_table, (B, H, S, D) and
     (B, S, H, D) calls at a small shape, the registered operator as a compiled graph calls
-    it, and a training step (forward + backward) beside its floor: an autograd.Function
-    that only allocates its output and its gradient. (The Hugging Face formula's cost per
+    it, and a training step (forward + backward) beside its floor (``AutogradFloor``: an
+    autograd.Function that only allocates its output and its gradient). (The Hugging Face formula's cost per
     call on a GPU is its launches: decode_table's wall time.)"""
     from unittest import mock
 
     from ropelib import rotation
-
-    class Floor(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return torch.empty_like(t)
-
-        @staticmethod
-        def backward(ctx, g):
-            return torch.empty_like(g)
+    from ropelib.book.bench import AutogradFloor
 
     hq, hk, d = *QK_HEADS, SHAPE[3]
     q, k = torch.randn(DECODE_ROWS, hq, 1, d), torch.randn(DECODE_ROWS, hk, 1, d)
@@ -754,7 +746,7 @@ def host_table() -> None:
         "forward + backward, apply_rope": lambda: train(
             lambda: apply_rope(trained, cos[:64], sin[:64], layout="half")),
         "forward + backward, floor (autograd.Function)": lambda: train(
-            lambda: Floor.apply(trained)),
+            lambda: AutogradFloor.apply(trained)),
     }
     print("\nhost time per call, launch stubbed (CPU: " + (
         "dry run" if DRY_RUN else "the machine's") + "): the whole path, and the call "
