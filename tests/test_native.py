@@ -446,10 +446,13 @@ def test_tables_that_are_lazily_negated_views_are_read_as_their_values(monkeypat
     negated = [torch._neg_view(-t) for t in (cos, sin)]
     assert all(t.is_neg() for t in negated) and torch.equal(negated[0], cos)
     x = torch.randn(2, 2, 3, 8)
+    coordinates, axes = torch.tensor([[3, 0, 1], [0, 5, 2], [7, 7, 7]]), [0, 1, 2, 1]
     given = {"rows": {}, "positions": {"positions": torch.tensor([3, 0, 5])},
-             "M-RoPE": {"positions": torch.tensor([[3, 0, 1], [0, 5, 2], [7, 7, 7]]),
-                        "axes": torch.tensor([0, 1, 2, 1])}}[where]
-    expected = apply_rope(x.double(), cos.double(), sin.double(), layout="half", **given)
+             "M-RoPE": {"positions": coordinates, "axes": torch.tensor(axes)}}[where]
+    table = {"rows": angles(torch.arange(3), thetas(8)),  # (tokens, pairs), float64
+             "positions": angles(torch.tensor([3, 0, 5]), thetas(8)),
+             "M-RoPE": coordinates[:, axes].to(torch.float64) * thetas(8)}[where]
+    expected = rope_by_pairs(x, table, "half")
     if forced:
         monkeypatch.setenv("ROPELIB_BACKEND", forced)
     try:
