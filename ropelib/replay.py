@@ -18,6 +18,15 @@ only where nobody could tell: plain tensors on a GPU, no autograd, compiler, tra
 ``torch.func`` transform, forward-mode AD, dispatch or function mode. A recipe holds
 numbers, dtypes and the launcher, never a tensor; at most ``MAX_RECIPES`` are kept.
 ``ENABLED = False`` turns replays off (benchmarks compare the two paths).
+
+The key's tensor part costs about 1.2 us of Python a tensor. So each kind of call (its
+options, which tensors it has, which destinations are their x) also keeps its last
+``KNOWN_PER_KIND`` recipes, each with a guard: PyTorch's own check of tensors against
+those of the call that recorded it (``TensorGuards``, what ``torch.compile`` checks its
+graphs' inputs with: type, dispatch keys, dtype, device, sizes, strides, requires_grad),
+done in C++ (0.7-1.9 us for a decode call's 7 tensors on a 2-core VM, where the key took
+8.5). A call that one of them passes, made in the same context (``_context``: grad mode
+included), takes that recipe without a key; a call that passes none makes its key.
 """
 
 from __future__ import annotations
@@ -30,8 +39,14 @@ from typing import NamedTuple, TypeVar
 import torch
 from torch.autograd import forward_ad
 
+try:  # private; without it every call makes its key
+    from torch._C._dynamo.guards import TensorGuards
+except ImportError:
+    TensorGuards = None
+
 ENABLED = True
 MAX_RECIPES = 1024
+KNOWN_PER_KIND = 4
 T = TypeVar("T")
 
 
@@ -60,15 +75,26 @@ class Recipe(NamedTuple):
     single: bool
 
 
+class Known(NamedTuple):
+    """One of a kind of call's last recipes: the guard its tensors pass (a
+    ``TensorGuards`` of the call that found or made it) and its ``_context``."""
+
+    guard: object
+    context: tuple
+    recipe: Recipe
+
+
 _recipes: dict[tuple, Recipe | None] = {}  # None: such calls are not replayable
+_known: dict[tuple, tuple[Known, ...]] = {}  # (options, absent tensors): the last recipes
 _local = threading.local()
 
 
 def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
         pairs: tuple[tuple[int, int], ...], destinations: tuple[int, ...],
         slow: Callable[[], T], bump: bool = True) -> T:
-    """``slow()``, or its replay where a call with this key was seen before. A call made
-    while another is being recorded (on this thread) is neither replayed nor recorded: its
+    """``slow()``, or its replay where a call with this key was seen before (found by a
+    guard of the kind's last recipes, or by the key). A call made while another is being
+    recorded (on this thread) is neither replayed nor recorded: its
     launch belongs to the outer call's recipe.
 
     Args:
@@ -83,24 +109,65 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
     """
     if not ENABLED or options is None or getattr(_local, "launches", None) is not None:
         return slow()
-    key = _key(options, tensors)
-    if key is None:
+    first = tensors[0]
+    if type(first) is not torch.Tensor or not _on_gpu(first) or _watched():
         return slow()
-    recipe = _recipes.get(key, False)
+    in_place = tuple(tensors[a] is tensors[b] for a, b in pairs)
+    kind = (options, tuple(t is None for t in tensors), in_place)
+    present = _guarded(tensors, pairs, in_place)
+    context = _context(first)
+    recipe = next((known.recipe for known in _known.get(kind, ())
+                   if known.context == context and known.guard.check(*present)), None)
     if recipe is None:
-        return slow()
-    if recipe is not False:
-        result = _replay(recipe, tensors, pairs, destinations if bump else ())
-        return slow() if result is None else result
+        key = _key(kind, tensors, context)
+        recipe = None if key is None else _recipes.get(key, False)
+        if recipe is False:
+            return _record(key, kind, context, present, tensors, pairs, destinations, slow)
+        if recipe is None:
+            return slow()
+    result = _replay(recipe, tensors, pairs, destinations if bump else ())
+    return slow() if result is None else result
+
+
+def _record(key: tuple, kind: tuple, context: tuple, present: list[torch.Tensor],
+            tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, int], ...],
+            destinations: tuple[int, ...], slow: Callable[[], T]) -> T:
+    """``slow()``, its launches noted and made the key's recipe (None: not replayable)."""
     _local.launches = []
     try:
         result = slow()
     finally:
         launches, _local.launches = _local.launches, None
     if len(_recipes) >= MAX_RECIPES:
-        _recipes.clear()
-    _recipes[key] = _recipe(launches, tensors, pairs, destinations, result)
+        clear()
+    recipe = _recipes[key] = _recipe(launches, tensors, pairs, destinations, result)
+    if recipe is not None:
+        _remember(kind, context, present, recipe)
     return result
+
+
+def _guarded(tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, int], ...],
+             in_place: tuple[bool, ...]) -> list[torch.Tensor]:
+    """The tensors a guard checks: those present, a destination that is its x (in place)
+    once (``TensorGuards`` fails a tensor passed twice)."""
+    dropped = {b for (_, b), same in zip(pairs, in_place, strict=True) if same}
+    return [t for slot, t in enumerate(tensors) if t is not None and slot not in dropped]
+
+
+def _remember(kind: tuple, context: tuple, present: list[torch.Tensor], recipe: Recipe) -> None:
+    """Keeps a new recipe as one of the kind's last ``KNOWN_PER_KIND``, guarded by the
+    tensors of the call that made it (a kind called with several shapes in turn, such as a
+    query and a key with other head counts, keeps one for each). A call its guards refuse
+    and its key finds adds none: a guard is made once per recipe, not on every call that
+    differs only in what the key does not hold."""
+    if TensorGuards is None:
+        return
+    try:
+        guard = TensorGuards(*present, dynamic_dims_sizes=[list(t.size()) for t in present],
+                             dynamic_dims_strides=[list(t.stride()) for t in present])
+    except (TypeError, RuntimeError, SystemError):  # another torch's private signature
+        return
+    _known[kind] = (Known(guard, context, recipe), *_known.get(kind, ())[:KNOWN_PER_KIND - 1])
 
 
 def noted(kernel_tensors: tuple[torch.Tensor, ...],
@@ -116,24 +183,20 @@ def noted(kernel_tensors: tuple[torch.Tensor, ...],
 def clear() -> None:
     """Forget every recipe (after the kernel or its launchers were swapped)."""
     _recipes.clear()
+    _known.clear()
 
 
-def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
-    """The call's key, or None where it must take the whole path: a first tensor off the
-    GPU (``_on_gpu``), a tensor on another device than the first (a 0-d offset or a cache
-    slot on the host is read there, and its value moves the launch), a tensor that is not a
-    plain ``torch.Tensor`` (a subclass, or a ``torch.func`` wrapper kept from a finished
-    transform) or that records autograd, or anybody watching (compiler, tracer, transform,
-    forward AD, dispatch or function mode)."""
-    first = tensors[0]
-    if (type(first) is not torch.Tensor or not _on_gpu(first)
-            or torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active()
-            or forward_ad._current_level >= 0 or torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled()):
-        return None
-    grad = torch.is_grad_enabled()
-    device = first.device
+def _key(kind: tuple, tensors: tuple[torch.Tensor | None, ...], context: tuple
+         ) -> tuple | None:
+    """The call's key (its kind, its tensors' metadata, its device and context: a call in
+    place and one into another tensor have their own recipes), or None where it must take
+    the whole path: a tensor on another
+    device than the first (a 0-d offset or a cache slot on the host is read there, and its
+    value moves the launch), a tensor that is not a plain ``torch.Tensor`` (a subclass, or a
+    ``torch.func`` wrapper kept from a finished transform) or that records autograd. (A
+    first tensor off the GPU and anybody watching: ``run`` turned those away.)"""
+    grad = context[0]
+    device = tensors[0].device
     metas = []
     for t in tensors:
         if t is None:
@@ -144,7 +207,22 @@ def _key(options: tuple, tensors: tuple[torch.Tensor | None, ...]) -> tuple | No
             return None
         else:
             metas.append((t.size(), t.stride(), t.dtype, t.is_neg(), t.is_inference()))
-    return (*options, *metas, device, os.environ.get("ROPELIB_BACKEND"),
+    return (*kind, *metas, device, *context)
+
+
+def _watched() -> bool:
+    """Whether anybody watches the call: compiler, tracer, ``torch.func`` transform,
+    forward-mode AD, dispatch or function mode."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active()
+            or forward_ad._current_level >= 0 or bool(torch._C._len_torch_dispatch_stack())
+            or torch._C._is_torch_function_mode_enabled())
+
+
+def _context(first: torch.Tensor) -> tuple:
+    """What a replay depends on besides the call: grad mode, ``ROPELIB_BACKEND``,
+    inference mode and the current CUDA device."""
+    return (torch.is_grad_enabled(), os.environ.get("ROPELIB_BACKEND"),
             torch.is_inference_mode_enabled(), _current_device(first))
 
 
@@ -166,15 +244,15 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
     recorded call in alignment, in-place pairs, overlaps or the distance of overlapping
     tensors."""
     addresses = _addresses(tensors)
-    if tuple(addresses[a] == addresses[b] for a, b in pairs) != recipe.same:
-        return None
+    for (a, b), same in zip(pairs, recipe.same, strict=True):
+        if (addresses[a] == addresses[b]) != same:
+            return None
     for slot, offset, aligned in recipe.aligned:
         if ((addresses[slot] + offset) % 16 == 0) != aligned:
             return None
-    extents = recipe.extents
+    ends = [address + extent for address, extent in zip(addresses, recipe.extents, strict=True)]
     for d, other in recipe.apart:
-        if (addresses[other] < addresses[d] + extents[d]
-                and addresses[d] < addresses[other] + extents[other]):
+        if addresses[other] < ends[d] and addresses[d] < ends[other]:
             return None
     for d, other, gap in recipe.gaps:
         if addresses[d] - addresses[other] != gap:

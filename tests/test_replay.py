@@ -123,6 +123,75 @@ def test_a_call_seen_before_replays_the_whole_paths_launch(route, monkeypatch, n
         assert (r.data_ptr() in given) == (w.data_ptr() in given)
 
 
+@pytest.mark.parametrize("guards", [True, False])
+def test_a_call_a_guard_passes_makes_no_key(route, monkeypatch, guards):
+    """A replayed call of a kind seen before is found by the guard of its recipe (PyTorch's
+    ``TensorGuards``), without its key; where this torch has no such guard, by its key."""
+    if not guards:
+        monkeypatch.setattr(replay, "TensorGuards", None)
+    keys = []
+    make_key = replay._key
+    monkeypatch.setattr(replay, "_key", lambda *args: keys.append(1) or make_key(*args))
+    for name, (call, _) in CASES.items():
+        call(fresh(0))
+        route.clear()
+        keys.clear()
+        call(fresh(1))
+        assert [kind for kind, *_ in route] == ["replay"], name
+        assert len(keys) == (0 if guards else 1), name
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+VARIANTS = {  # a change of a "rope out=" call that its recipe may not replay
+    "bfloat16": lambda t: t.update(q=t["q"].bfloat16(), q_out=t["q_out"].bfloat16()),
+    "other strides": lambda t: t.update(q=t["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+    "a subclass": lambda t: t.update(q=t["q"].as_subclass(Subclass)),
+    "other positions": lambda t: t.update(positions=t["positions"][:, :1].expand(4, 3)),
+    "requires_grad": lambda t: t["q_out"].requires_grad_(),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_guard_refuses_what_the_key_tells_apart(route, variant):
+    """After calls of one kind were recorded and replayed, a call of that kind with a tensor
+    of another dtype, strides, type, or one that records autograd passes no guard: it takes
+    the whole path (and its error, where it has one)."""
+    call = CASES["rope out="][0]
+    call(fresh(0))
+    call(fresh(1))
+    route.clear()
+    tensors = fresh(2)
+    VARIANTS[variant](tensors)
+    if variant == "requires_grad":
+        with pytest.raises(ValueError, match=r"out=\.\.\.\) is not differentiable"):
+            call(tensors)
+        assert route == []
+        return
+    call(tensors)
+    assert [kind for kind, *_ in route] == ["whole"]
+
+
+def test_a_recipe_recorded_under_no_grad_is_not_replayed_with_grad(route):
+    """The guard's requires_grad is the tensor's own: a recipe recorded under
+    ``torch.no_grad()`` for an x that requires grad would pass it with grad on. Grad mode
+    is part of the context a guard is kept with: the call records autograd, whole."""
+    call = CASES["rope rows"][0]
+    with torch.no_grad():
+        for seed in (0, 1):
+            t = fresh(seed)
+            t["q"].requires_grad_()
+            call(t)
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    route.clear()
+    t = fresh(2)
+    t["q"].requires_grad_()
+    assert call(t).grad_fn is not None
+    assert [kind for kind, *_ in route] == ["whole"]
+
+
 def test_an_address_the_recipe_did_not_see_takes_the_whole_path(route):
     """Alignment and in-place are decided by addresses, which the key does not hold: a
     misaligned destination, or q and k as their own destinations after a call with
@@ -165,9 +234,16 @@ def test_a_tensor_on_another_device_than_the_first_takes_the_whole_path(route):
     the first tensor's device stands for the GPU; the meta device for another one.)"""
     t = fresh(0)
     options = ("rope", "interleaved", "raise", None)
-    assert replay._key(options, (t["q"], t["cos"], t["sin"], t["offset"])) is not None
-    assert replay._key(options, (t["q"], t["cos"], t["sin"],
-                                 t["offset"].to("meta"))) is None
+    context = replay._context(t["q"])
+    tensors = (t["q"], t["cos"], t["sin"], t["offset"])
+    elsewhere = (*tensors[:3], t["offset"].to("meta"))
+    assert replay._key(options, tensors, context) is not None
+    assert replay._key(options, elsewhere, context) is None
+    CASES["qk 0-d offset"][0](t)  # recorded: its guard is known
+    (known,) = [known for kinds in replay._known.values() for known in kinds]
+    call = (t["q"], t["k"], t["cos"], t["sin"], t["offset"])
+    assert known.guard.check(*call)
+    assert not known.guard.check(*call[:4], t["offset"].to("meta"))
 
 
 def test_a_pair_of_none_as_out_is_refused_after_calls_without_out(route):
@@ -185,18 +261,18 @@ def test_a_pair_of_none_as_out_is_refused_after_calls_without_out(route):
 
 
 def test_a_replay_returns_the_destination_it_was_given(route):
-    """A recipe recorded in place (out is x) returns, for a later call, that call's out:
-    here another tensor at x's address with x's strides, which does not record autograd
-    where x does."""
+    """A call whose out is another tensor at x's address with x's strides (which does not
+    record autograd where x does) is another kind of call than one in place (out is x):
+    its own recipe, which returns that call's out, never its x."""
     t = fresh(0)
     with torch.no_grad():
         apply_rope(t["q"], t["cos"], t["sin"], positions=t["positions"], out=t["q"])
-    x = fresh(1)["q"].requires_grad_()
-    out = x.detach()
-    with torch.no_grad():
-        result = apply_rope(x, t["cos"], t["sin"], positions=t["positions"], out=out)
-    assert [kind for kind, *_ in route] == ["whole", "replay"]
-    assert result is out and not result.requires_grad
+        for seed in (1, 2):
+            x = fresh(seed)["q"].requires_grad_()
+            out = x.detach()
+            result = apply_rope(x, t["cos"], t["sin"], positions=t["positions"], out=out)
+            assert result is out and not result.requires_grad
+    assert [kind for kind, *_ in route] == ["whole", "whole", "replay"]
 
 
 def test_fused_q_and_k_rotated_in_place_replay_at_their_distance(route):
