@@ -28,6 +28,7 @@ nothing and are not printed as timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -101,6 +102,18 @@ def table(title: str, times: dict[str, float], baseline: str, nbytes: int) -> No
             print(f"{name:<40}{'failed':>11}")
             continue
         print(f"{name:<40}{ms * 1e3:11.1f}{ms / base:14.2f}{nbytes / (ms * 1e-3) / 1e9:8.0f}")
+
+
+@contextlib.contextmanager
+def replayed_by_key():
+    """Replays found by their keys alone (in Python), as before ``ropelib.replay`` kept
+    guards (``TensorGuards``) of each kind's last recipes."""
+    known, guards = replay._known, replay.TensorGuards
+    replay._known, replay.TensorGuards = {}, None
+    try:
+        yield
+    finally:
+        replay._known, replay.TensorGuards = known, guards
 
 
 def timed(cases: dict[str, object]) -> dict[str, float]:
@@ -480,6 +493,10 @@ def decode_table() -> None:
         finally:
             replay.ENABLED = True
 
+    def key_step():
+        with replayed_by_key():
+            ropelib_step()
+
     def jit_launch_step():
         with_raw, triton_rope._RAW_LAUNCH = triton_rope._RAW_LAUNCH, False
         triton_rope._launchers.clear()
@@ -502,6 +519,7 @@ def decode_table() -> None:
             q, k, cos, sin, layout="half", offset=offset, out=(q_out, k_out)),
         "ropelib M-RoPE positions out=": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=mrope, axes=axes, out=(q_out, k_out)),
+        "ropelib positions out=, found by its key": key_step,
         "ropelib positions out=, whole path": whole_path_step,
         "ropelib, Triton's JIT launch every call": jit_launch_step,
         "HF eager": hf_step,
@@ -749,27 +767,28 @@ def host_table() -> None:
             lambda: AutogradFloor.apply(trained)),
     }
     print("\nhost time per call, launch stubbed (CPU: " + (
-        "dry run" if DRY_RUN else "the machine's") + "): the whole path, and the call "
-          "replayed (ropelib.replay: its key seen before)")
+        "dry run" if DRY_RUN else "the machine's") + "): the whole path, the call replayed "
+          "(ropelib.replay: found by its recipe's guard), and replayed but found by its key")
     with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
             mock.patch.object(rotation, "_on_device", lambda t: True), \
             mock.patch.object(replay, "_on_gpu", lambda t: True), \
             mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
         for name, fn in cases.items():
-            shown = []
-            for enabled in (False, True):
-                replay.ENABLED = enabled
-                samples = []
-                for _ in range(1 if DRY_RUN else 7):
-                    fn()
-                    start = time.perf_counter()
-                    for _ in range(1 if DRY_RUN else 2000):
+            samples = {path: [] for path in ("whole", "guard", "key")}
+            for _ in range(1 if DRY_RUN else 7):  # the three paths in turn: the load moves
+                for path, times in samples.items():
+                    replay.ENABLED = path != "whole"
+                    with replayed_by_key() if path == "key" else contextlib.nullcontext():
                         fn()
-                    samples.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000)
-                                   * 1e6)
-                shown.append("ran" if DRY_RUN else f"{statistics.median(samples):8.1f} us")
+                        start = time.perf_counter()
+                        for _ in range(1 if DRY_RUN else 2000):
+                            fn()
+                    times.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000)
+                                 * 1e6)
+            shown = ["ran" if DRY_RUN else f"{statistics.median(times):8.1f} us"
+                     for times in samples.values()]
             replay.clear()
-            print(f"  {name:<48}{shown[0]:>12}{shown[1]:>12}")
+            print(f"  {name:<48}" + "".join(f"{cell:>12}" for cell in shown))
 
 
 def launch_path_table() -> None:
