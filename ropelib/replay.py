@@ -26,7 +26,10 @@ those of the call that recorded it (``TensorGuards``, what ``torch.compile`` che
 graphs' inputs with: type, dispatch keys, dtype, device, sizes, strides, requires_grad),
 done in C++ (0.7-1.9 us for a decode call's 7 tensors on a 2-core VM, where the key took
 8.5). A call that one of them passes, made in the same context (``_context``: grad mode
-included), takes that recipe without a key; a call that passes none makes its key.
+included), takes that recipe without a key; a call that passes none makes its key (and
+puts the recipe it finds back among its kind's last). Guards are made and checked only
+where the thread's dispatch-key exclusions are a plain thread's (``_guards_see``): inside
+an operator's implementation a guard takes an inference tensor for a plain one.
 """
 
 from __future__ import annotations
@@ -76,15 +79,16 @@ class Recipe(NamedTuple):
 
 
 class Known(NamedTuple):
-    """One of a kind of call's last recipes: the guard its tensors pass (a
-    ``TensorGuards`` of the call that found or made it) and its ``_context``."""
+    """A recipe, the guard the tensors of the call that recorded it pass (a
+    ``TensorGuards``; None: made where guards do not see what the key holds, see
+    ``_guards_see``) and its ``_context``."""
 
-    guard: object
+    guard: object | None
     context: tuple
     recipe: Recipe
 
 
-_recipes: dict[tuple, Recipe | None] = {}  # None: such calls are not replayable
+_recipes: dict[tuple, Known | None] = {}  # None: such calls are not replayable
 _known: dict[tuple, tuple[Known, ...]] = {}  # (options, absent tensors): the last recipes
 _local = threading.local()
 
@@ -110,29 +114,33 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
     if not ENABLED or options is None or getattr(_local, "launches", None) is not None:
         return slow()
     first = tensors[0]
-    if type(first) is not torch.Tensor or not _on_gpu(first) or _watched():
+    if (type(first) is not torch.Tensor or not _on_gpu(first) or _watched()
+            or (first.requires_grad and torch.is_grad_enabled())):  # a training step's x
         return slow()
     in_place = tuple(tensors[a] is tensors[b] for a, b in pairs)
     kind = (options, tuple(t is None for t in tensors), in_place)
-    present = _guarded(tensors, pairs, in_place)
     context = _context(first)
-    recipe = next((known.recipe for known in _known.get(kind, ())
-                   if known.context == context and known.guard.check(*present)), None)
+    present = _guarded(tensors, pairs, in_place) if _guards_see(context) else None
+    recipe = None if present is None else _found(kind, context, present)
     if recipe is None:
         key = _key(kind, tensors, context)
-        recipe = None if key is None else _recipes.get(key, False)
-        if recipe is False:
+        known = None if key is None else _recipes.get(key, False)
+        if known is False:
             return _record(key, kind, context, present, tensors, pairs, destinations, slow)
-        if recipe is None:
+        if known is None:
             return slow()
+        if present is not None and known.guard is not None:
+            _keep(kind, known)  # back among the kind's last, where newer ones pushed it out
+        recipe = known.recipe
     result = _replay(recipe, tensors, pairs, destinations if bump else ())
     return slow() if result is None else result
 
 
-def _record(key: tuple, kind: tuple, context: tuple, present: list[torch.Tensor],
+def _record(key: tuple, kind: tuple, context: tuple, present: list[torch.Tensor] | None,
             tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, int], ...],
             destinations: tuple[int, ...], slow: Callable[[], T]) -> T:
-    """``slow()``, its launches noted and made the key's recipe (None: not replayable)."""
+    """``slow()``, its launches noted and made the key's recipe (None: not replayable),
+    guarded by the ``present`` tensors (None: no guard)."""
     _local.launches = []
     try:
         result = slow()
@@ -140,9 +148,13 @@ def _record(key: tuple, kind: tuple, context: tuple, present: list[torch.Tensor]
         launches, _local.launches = _local.launches, None
     if len(_recipes) >= MAX_RECIPES:
         clear()
-    recipe = _recipes[key] = _recipe(launches, tensors, pairs, destinations, result)
-    if recipe is not None:
-        _remember(kind, context, present, recipe)
+    recipe = _recipe(launches, tensors, pairs, destinations, result)
+    if recipe is None:
+        _recipes[key] = None
+        return result
+    known = _recipes[key] = Known(None if present is None else _guard(present), context, recipe)
+    if known.guard is not None:
+        _keep(kind, known)
     return result
 
 
@@ -154,20 +166,73 @@ def _guarded(tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, i
     return [t for slot, t in enumerate(tensors) if t is not None and slot not in dropped]
 
 
-def _remember(kind: tuple, context: tuple, present: list[torch.Tensor], recipe: Recipe) -> None:
-    """Keeps a new recipe as one of the kind's last ``KNOWN_PER_KIND``, guarded by the
-    tensors of the call that made it (a kind called with several shapes in turn, such as a
-    query and a key with other head counts, keeps one for each). A call its guards refuse
-    and its key finds adds none: a guard is made once per recipe, not on every call that
-    differs only in what the key does not hold."""
+def _plain_exclusions() -> tuple:
+    """The dispatch keys a thread excludes by default (autocast's, while it is off), outside
+    and inside inference mode: read on a new thread, whatever the importing one has on."""
+    found = []
+
+    def read() -> None:
+        found.append(torch._C._dispatch_tls_local_exclude_set())
+        with torch.inference_mode():
+            found.append(torch._C._dispatch_tls_local_exclude_set())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    return tuple(found)
+
+
+_PLAIN_EXCLUSIONS = _plain_exclusions()
+
+
+def _guards_see(context: tuple) -> bool:
+    """Whether a guard sees what the key holds on this thread now. A guard compares dispatch
+    keys as the thread's exclusions leave them; inside an operator's implementation (the
+    autograd keys excluded) an inference tensor passes for a plain one, and inside the
+    fallback of a lazily negated tensor (``Negative`` excluded) a negated view does. So
+    guards are made and checked only where the thread excludes what a plain one does in
+    its inference mode (autocast's keys aside, which differ only while it is on)."""
     if TensorGuards is None:
-        return
+        return False
+    plain = _PLAIN_EXCLUSIONS[0]
+    return torch._C._dispatch_tls_local_exclude_set() | plain == _PLAIN_EXCLUSIONS[context[2]]
+
+
+def _found(kind: tuple, context: tuple, present: list[torch.Tensor]) -> Recipe | None:
+    """The recipe of the first of the kind's last ones made in this context whose guard
+    these tensors pass; None where none does."""
     try:
-        guard = TensorGuards(*present, dynamic_dims_sizes=[list(t.size()) for t in present],
-                             dynamic_dims_strides=[list(t.stride()) for t in present])
-    except (TypeError, RuntimeError, SystemError):  # another torch's private signature
-        return
-    _known[kind] = (Known(guard, context, recipe), *_known.get(kind, ())[:KNOWN_PER_KIND - 1])
+        for known in _known.get(kind, ()):
+            if known.context == context and known.guard.check(*present):
+                return known.recipe
+    except Exception:  # another torch's private guard: keys from now on
+        _no_guards()
+    return None
+
+
+def _guard(present: list[torch.Tensor]) -> object | None:
+    """A ``TensorGuards`` of these tensors (None where this torch's cannot be made)."""
+    try:
+        return TensorGuards(*present, dynamic_dims_sizes=[list(t.size()) for t in present],
+                            dynamic_dims_strides=[list(t.stride()) for t in present])
+    except Exception:  # another torch's private signature: no guard
+        return None
+
+
+def _keep(kind: tuple, known: Known) -> None:
+    """Puts a guarded recipe first among the kind's last ``KNOWN_PER_KIND`` (a kind called
+    with several shapes in turn, such as a query and a key with other head counts, keeps
+    one for each), unless it is among them."""
+    kept = _known.get(kind, ())
+    if all(other is not known for other in kept):
+        _known[kind] = (known, *kept[:KNOWN_PER_KIND - 1])
+
+
+def _no_guards() -> None:
+    """Turns guards off (a guard's check failed): every call makes its key."""
+    global TensorGuards
+    TensorGuards = None
+    _known.clear()
 
 
 def noted(kernel_tensors: tuple[torch.Tensor, ...],

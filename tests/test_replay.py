@@ -192,6 +192,68 @@ def test_a_recipe_recorded_under_no_grad_is_not_replayed_with_grad(route):
     assert [kind for kind, *_ in route] == ["whole"]
 
 
+_inside: list = []  # the call the operator below makes
+
+
+@torch.library.custom_op("test_replay::call_inside", mutates_args=())
+def _call_inside(x: torch.Tensor) -> torch.Tensor:
+    """An operator whose implementation (autograd keys excluded) makes ``_inside[-1]()``."""
+    _inside[-1]()
+    return x.clone()
+
+
+def test_a_guard_is_not_trusted_where_the_thread_masks_dispatch_keys(route):
+    """A guard compares dispatch keys as the thread's exclusions leave them: inside an
+    operator's implementation an inference tensor passes for a plain one, and with
+    ``Negative`` excluded (the fallback of a lazily negated tensor) a negated view does.
+    There calls are found by their keys: the whole path's error for a destination made
+    under inference mode, and its refusal of a lazily negated table, as outside."""
+    call = CASES["rope out="][0]
+    for seed in (0, 1):
+        _inside.append(lambda seed=seed: call(fresh(seed)))
+        _call_inside(torch.zeros(1))
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    t = fresh(2)
+    with torch.inference_mode():
+        t["q_out"] = torch.empty_like(t["q"])
+    _inside.append(lambda: call(t))
+    with pytest.raises(ValueError, match="out is an inference tensor"):
+        _call_inside(torch.zeros(1))
+
+    negative = torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)
+    with torch._C._ExcludeDispatchKeyGuard(negative):
+        call(fresh(3))
+        call(fresh(4))
+        t = fresh(5)
+        t["sin"] = (-t["sin"]).clone()._neg_view()  # the same values, read negated
+        with pytest.raises(ValueError, match="lazily neg"):
+            call(t)
+
+
+def test_a_recipe_pushed_out_of_its_kinds_last_comes_back(route, monkeypatch):
+    """A kind keeps the guards of its last ``KNOWN_PER_KIND`` recipes; a decode step's,
+    pushed out by prefills of as many other lengths, is found by its key once, then by
+    its guard again."""
+    cos, sin = generate_rope_embeddings(256, 16)
+
+    def step(seq: int) -> None:
+        q, k = torch.randn(1, 8, seq, 16), torch.randn(1, 2, seq, 16)
+        apply_rope_qk(q, k, cos, sin, positions=torch.randint(0, 256, (1, seq)))
+
+    keys = []
+    make_key = replay._key
+    monkeypatch.setattr(replay, "_key", lambda *args: keys.append(1) or make_key(*args))
+    step(1)
+    for seq in range(2, 2 + replay.KNOWN_PER_KIND):
+        step(seq)
+    keys.clear()
+    route.clear()
+    for _ in range(10):
+        step(1)
+    assert [kind for kind, *_ in route] == ["replay"] * 10
+    assert len(keys) == 1
+
+
 def test_an_address_the_recipe_did_not_see_takes_the_whole_path(route):
     """Alignment and in-place are decided by addresses, which the key does not hold: a
     misaligned destination, or q and k as their own destinations after a call with
