@@ -192,6 +192,32 @@ def test_a_recipe_recorded_under_no_grad_is_not_replayed_with_grad(route):
     assert [kind for kind, *_ in route] == ["whole"]
 
 
+class BrokenGuards:
+    """A ``TensorGuards`` of another torch: made or checked, it raises."""
+
+    def __init__(self, *tensors, fail_when_made: bool = True, **sizes_and_strides) -> None:
+        if fail_when_made:
+            raise TypeError("another signature")
+
+    def check(self, *tensors) -> bool:
+        raise TypeError("another signature")
+
+
+@pytest.mark.parametrize("fails", ["made", "checked"])
+def test_a_guard_that_fails_leaves_the_call_to_its_key(route, monkeypatch, fails):
+    """``TensorGuards`` is PyTorch's private API: where it cannot be made, or its check
+    raises, calls are found by their keys (the check's failure turns guards off) and
+    replayed as before, never failed."""
+    guards = BrokenGuards if fails == "made" else (
+        lambda *tensors, **kw: BrokenGuards(fail_when_made=False))
+    monkeypatch.setattr(replay, "TensorGuards", guards)
+    call = CASES["qk positions out="][0]
+    for seed in range(3):
+        call(fresh(seed))
+    assert [kind for kind, *_ in route] == ["whole", "replay", "replay"]
+    assert replay.TensorGuards is (guards if fails == "made" else None)
+
+
 _inside: list = []  # the call the operator below makes
 
 
