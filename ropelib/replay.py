@@ -117,8 +117,8 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
     if (type(first) is not torch.Tensor or not _on_gpu(first) or _watched()
             or (first.requires_grad and torch.is_grad_enabled())):  # a training step's x
         return slow()
-    in_place = tuple(tensors[a] is tensors[b] for a, b in pairs)
-    kind = (options, tuple(t is None for t in tensors), in_place)
+    in_place = tuple([tensors[a] is tensors[b] for a, b in pairs])
+    kind = (options, tuple([t is None for t in tensors]), in_place)
     context = _context(first)
     present = _guarded(tensors, pairs, in_place) if _guards_see(context) else None
     recipe = None if present is None else _found(kind, context, present)
@@ -162,6 +162,8 @@ def _guarded(tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, i
              in_place: tuple[bool, ...]) -> list[torch.Tensor]:
     """The tensors a guard checks: those present, a destination that is its x (in place)
     once (``TensorGuards`` fails a tensor passed twice)."""
+    if True not in in_place:
+        return [t for t in tensors if t is not None]
     dropped = {b for (_, b), same in zip(pairs, in_place, strict=True) if same}
     return [t for slot, t in enumerate(tensors) if t is not None and slot not in dropped]
 
