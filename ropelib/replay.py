@@ -129,8 +129,8 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
             return _record(key, kind, context, present, tensors, pairs, destinations, slow)
         if known is None:
             return slow()
-        if present is not None and known.guard is not None:
-            _keep(kind, known)  # back among the kind's last, where newer ones pushed it out
+        if present is not None:
+            known = _found_by_key(key, kind, known, present)
         recipe = known.recipe
     result = _replay(recipe, tensors, pairs, destinations if bump else ())
     return slow() if result is None else result
@@ -169,7 +169,7 @@ def _guarded(tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, i
 
 
 def _plain_exclusions() -> tuple:
-    """The dispatch keys a thread excludes by default (autocast's, while it is off), outside
+    """The dispatch keys a thread excludes by default (autocast's, as it is off), outside
     and inside inference mode: read on a new thread, whatever the importing one has on."""
     found = []
 
@@ -193,11 +193,9 @@ def _guards_see(context: tuple) -> bool:
     autograd keys excluded) an inference tensor passes for a plain one, and inside the
     fallback of a lazily negated tensor (``Negative`` excluded) a negated view does. So
     guards are made and checked only where the thread excludes what a plain one does in
-    its inference mode (autocast's keys aside, which differ only while it is on)."""
-    if TensorGuards is None:
-        return False
-    plain = _PLAIN_EXCLUSIONS[0]
-    return torch._C._dispatch_tls_local_exclude_set() | plain == _PLAIN_EXCLUSIONS[context[2]]
+    its inference mode (with autocast on, calls make their keys)."""
+    return (TensorGuards is not None
+            and torch._C._dispatch_tls_local_exclude_set() == _PLAIN_EXCLUSIONS[context[2]])
 
 
 def _found(kind: tuple, context: tuple, present: list[torch.Tensor]) -> Recipe | None:
@@ -213,12 +211,26 @@ def _found(kind: tuple, context: tuple, present: list[torch.Tensor]) -> Recipe |
 
 
 def _guard(present: list[torch.Tensor]) -> object | None:
-    """A ``TensorGuards`` of these tensors (None where this torch's cannot be made)."""
+    """A ``TensorGuards`` of these tensors; None where this torch's cannot be made (then
+    guards are turned off)."""
     try:
         return TensorGuards(*present, dynamic_dims_sizes=[list(t.size()) for t in present],
                             dynamic_dims_strides=[list(t.stride()) for t in present])
-    except Exception:  # another torch's private signature: no guard
+    except Exception:  # another torch's private signature: keys from now on
+        _no_guards()
         return None
+
+
+def _found_by_key(key: tuple, kind: tuple, known: Known, present: list[torch.Tensor]
+                  ) -> Known:
+    """A recipe its key found where guards see: guarded by these tensors where it was
+    recorded where guards see nothing (such as under autocast), and put back among its
+    kind's last (newer ones may have pushed it out)."""
+    if known.guard is None:
+        known = _recipes[key] = known._replace(guard=_guard(present))
+    if known.guard is not None:
+        _keep(kind, known)
+    return known
 
 
 def _keep(kind: tuple, known: Known) -> None:
@@ -231,7 +243,7 @@ def _keep(kind: tuple, known: Known) -> None:
 
 
 def _no_guards() -> None:
-    """Turns guards off (a guard's check failed): every call makes its key."""
+    """Turns guards off (one could not be made or checked): every call makes its key."""
     global TensorGuards
     TensorGuards = None
     _known.clear()
