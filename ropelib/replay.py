@@ -89,7 +89,7 @@ class Known(NamedTuple):
 
 
 _recipes: dict[tuple, Known | None] = {}  # None: such calls are not replayable
-_known: dict[tuple, tuple[Known, ...]] = {}  # (options, absent tensors): the last recipes
+_known: dict[tuple, tuple[Known, ...]] = {}  # kind of call: its last guarded recipes
 _local = threading.local()
 
 
@@ -98,8 +98,8 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
         slow: Callable[[], T], bump: bool = True) -> T:
     """``slow()``, or its replay where a call with this key was seen before (found by a
     guard of the kind's last recipes, or by the key). A call made while another is being
-    recorded (on this thread) is neither replayed nor recorded: its
-    launch belongs to the outer call's recipe.
+    recorded (on this thread) is neither replayed nor recorded: its launch belongs to the
+    outer call's recipe.
 
     Args:
         options: the call's other arguments (hashable: str, int, bool, None or tuples of
@@ -269,11 +269,11 @@ def _key(kind: tuple, tensors: tuple[torch.Tensor | None, ...], context: tuple
          ) -> tuple | None:
     """The call's key (its kind, its tensors' metadata, its device and context: a call in
     place and one into another tensor have their own recipes), or None where it must take
-    the whole path: a tensor on another
-    device than the first (a 0-d offset or a cache slot on the host is read there, and its
-    value moves the launch), a tensor that is not a plain ``torch.Tensor`` (a subclass, or a
-    ``torch.func`` wrapper kept from a finished transform) or that records autograd. (A
-    first tensor off the GPU and anybody watching: ``run`` turned those away.)"""
+    the whole path: a tensor on another device than the first (a 0-d offset or a cache
+    slot on the host is read there, and its value moves the launch), a tensor that is not
+    a plain ``torch.Tensor`` (a subclass, or a ``torch.func`` wrapper kept from a finished
+    transform) or that records autograd. (A first tensor off the GPU and anybody watching:
+    ``run`` turned those away.)"""
     grad = context[0]
     device = tensors[0].device
     metas = []
