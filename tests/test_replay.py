@@ -11,7 +11,9 @@ replay's own). The launches themselves run on a GPU (tests/test_cuda_hardware.py
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import random
 import threading
 import weakref
 
@@ -216,6 +218,96 @@ def test_a_guard_that_fails_leaves_the_call_to_its_key(route, monkeypatch, fails
         call(fresh(seed))
     assert [kind for kind, *_ in route] == ["whole", "replay", "replay"]
     assert replay.TensorGuards is None
+
+
+def _made_under_inference_mode(t: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return t.clone()
+
+
+ALTERED = {  # how a call's tensors may differ from the recorded call's
+    "as made": lambda t: None,
+    "bfloat16": lambda t: t.update({name: v.bfloat16() for name, v in t.items()
+                                    if v.is_floating_point()}),
+    "a negated cos": lambda t: t.update(cos=(-t["cos"]).clone()._neg_view()),
+    "q's other strides": lambda t: t.update(
+        q=t["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+    "q misaligned": lambda t: t.update(q=torch.randn(t["q"].numel() + 1)[1:].view(4, 8, 3, 16)),
+    "int32 positions": lambda t: t.update(positions=t["positions"].int()),
+    "expanded positions": lambda t: t.update(positions=t["positions"][:, :1].expand(4, 3)),
+    "q requires grad": lambda t: t["q"].requires_grad_(),
+    "inference outs": lambda t: t.update(q_out=_made_under_inference_mode(t["q_out"]),
+                                         k_out=_made_under_inference_mode(t["k_out"])),
+    "offsets elsewhere": lambda t: t.update(offset=t["offset"].to("meta"),
+                                            slot=t["slot"].to("meta")),
+    "outs are x detached": lambda t: t.update(q_out=t["q"].detach(), k_out=t["k"].detach()),
+    "a subclass cos": lambda t: t.update(cos=t["cos"].as_subclass(Subclass)),
+}
+MODES = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad,
+         "inference mode": torch.inference_mode,
+         "below autograd": torch._C._AutoDispatchBelowAutograd,
+         "autocast": lambda: torch.autocast("cpu")}
+
+
+def _played(launches: list, sequence: list[tuple[str, str, str]]) -> list:
+    """What each call of the sequence did, told by what a caller can see: its result (or
+    error), its launches (kind, ``Launch``, the tensor each pointer is in) and the
+    version counters it bumped."""
+    replay.clear()
+    launches.clear()
+    trace = []
+    for seed, (case, altered, mode) in enumerate(sequence):
+        t = fresh(seed)
+        ALTERED[altered](t)
+        versions = {name: v._version for name, v in t.items() if not v.is_inference()}
+        first = len(launches)
+        with MODES[mode]():
+            try:
+                result = CASES[case][0](t)
+            except (ValueError, TypeError, RuntimeError) as error:
+                result = error
+        results = () if isinstance(result, Exception) else as_tuple(result)
+        named = {r.data_ptr(): f"result {i}" for i, r in enumerate(results)}
+        named.update({v.data_ptr(): name for name, v in t.items() if v.device.type == "cpu"})
+        trace.append((
+            repr(result) if isinstance(result, Exception) else [
+                (next((name for name, v in t.items() if v is r), "new"), r.shape, r.stride(),
+                 r.dtype, r.requires_grad, r.grad_fn is not None) for r in results],
+            [(kind, launch, [named.get(p, "?") for p in pointers])
+             for kind, launch, pointers in launches[first:]],
+            {name: v._version - versions[name] for name, v in t.items() if name in versions}))
+    return trace
+
+
+def _same_with_keys(launches: list, sequence: list[tuple[str, str, str]]) -> None:
+    """The sequence played with guards and with keys alone does the same."""
+    with_guards = _played(launches, sequence)
+    guards, replay.TensorGuards = replay.TensorGuards, None
+    try:
+        with_keys = _played(launches, sequence)
+    finally:
+        replay.TensorGuards = guards
+    assert with_guards == with_keys, sequence
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_guards_replay_what_keys_replay(route, mode):
+    """Each kind of call, recorded and replayed, then called with each alteration of its
+    tensors, all in one mode: with guards and with keys alone, every call returns,
+    raises, launches and bumps the same."""
+    for case in CASES:
+        for altered in ALTERED:
+            _same_with_keys(route, [(case, "as made", mode)] * 2 + [(case, altered, mode)])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_guards_replay_what_keys_replay_as_modes_change(route, seed):
+    """The same for random sequences whose calls each have a mode of their own."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        case = rng.choice(list(CASES))
+        _same_with_keys(route, [(case, altered, rng.choice(list(MODES))) for altered in (
+            "as made", "as made", *rng.choices(list(ALTERED), k=rng.randint(1, 4)))])
 
 
 _inside: list = []  # the call the operator below makes
