@@ -419,7 +419,24 @@ def mrope_tiles_at(positions, axes, cos, sin, b: int, hq: int, hk: int, s: int) 
           f"{tuple(default)} {results[0][0]:.2f}; best {best}")
 
 
+class CopyNode(torch.autograd.Function):
+    """The floor of a Python autograd node that moves the rotation's bytes: its forward
+    copies x and its backward copies the gradient (one kernel each way)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone()
+
+
 def backward_table() -> None:
+    """Forward + backward (the gradient of x, as in training) against two copies, with two
+    floors of the same bytes: PyTorch's own autograd node (``torch.neg``: a kernel each way,
+    no Python in the backward) and a Python one (``CopyNode``: what any
+    ``autograd.Function``, ropelib's included, pays around its two kernels)."""
     dtype = torch.bfloat16
     s, d = SHAPE[2], SHAPE[3]
     x = randn(*SHAPE, dtype=dtype).requires_grad_()
@@ -441,6 +458,8 @@ def backward_table() -> None:
 
     cases = {
         "two copy_": copies,
+        "floor: torch.neg (C++ node)": step(lambda: torch.neg(x)),
+        "floor: autograd.Function, copies": step(lambda: CopyNode.apply(x)),
         "ropelib": step(lambda: apply_rope(x, cos, sin, layout="half")),
         "ropelib backward alone (inverse kernel)": lambda: kernels.rotate(
             grad, cos, sin, "half", d, True),
