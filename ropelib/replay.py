@@ -329,24 +329,26 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
     for slot, offset, aligned in recipe.aligned:
         if ((addresses[slot] + offset) % 16 == 0) != aligned:
             return None
-    ends = [address + extent for address, extent in zip(addresses, recipe.extents, strict=True)]
+    extents = recipe.extents
     for d, other in recipe.apart:
-        if addresses[other] < ends[d] and addresses[d] < ends[other]:
+        if (addresses[other] < addresses[d] + extents[d]
+                and addresses[d] < addresses[other] + extents[other]):
             return None
     for d, other, gap in recipe.gaps:
         if addresses[d] - addresses[other] != gap:
             return None
     made = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
             for shape, strides, dtype, device in recipe.new]
-    addresses += [t.data_ptr() for t in made]
+    for t in made:
+        addresses.append(t.data_ptr())
     recipe.go([addresses[slot] + offset for slot, offset in recipe.sources])
-    written = tuple(tensors[d] for d in bumped if tensors[d] is not None)
+    written = [tensors[d] for d in bumped if tensors[d] is not None]
     if written:
         torch.autograd.graph.increment_version(written)
     everything = (*tensors, *made)
     if recipe.single:
         return everything[recipe.returns[0]]
-    return tuple(everything[slot] for slot in recipe.returns)
+    return tuple([everything[slot] for slot in recipe.returns])
 
 
 def _addresses(tensors: tuple[torch.Tensor | None, ...]) -> list[int]:
