@@ -162,6 +162,26 @@ def wall_us(fn, calls: int = 200) -> float:
     return statistics.median(samples)
 
 
+def paired_gap_us(fn, baseline, rounds: int = 15, calls: int = 100) -> list[float]:
+    """Per round, fn's wall time per call minus baseline's, the two timed in turn (``calls``
+    calls each, then a synchronization), so that the host's speed that minute moves both:
+    each round's difference in us, sorted. (Timed one after the other, eager steps of the
+    same module differed by -260 to +125 us between runs on one H200 host.)"""
+    gaps = []
+    for _ in range(1 if DRY_RUN else rounds):
+        per_call = []
+        for f in (fn, baseline):
+            f()
+            sync()
+            start = time.perf_counter()
+            for _ in range(1 if DRY_RUN else calls):
+                f()
+            sync()
+            per_call.append((time.perf_counter() - start) / (1 if DRY_RUN else calls) * 1e6)
+        gaps.append(per_call[0] - per_call[1])
+    return sorted(gaps)
+
+
 GRAPH_CALLS = 20  # calls captured in one graph, for the cost of a call inside a graph
 
 
@@ -615,6 +635,11 @@ def module_decode_table() -> None:
         wall_table(f"attention module decode step, {rows} rows, width {WIDTH}, GQA "
                    f"{heads}/{kw['num_kv_heads']}, {dtype}, cache of {CAPACITY} slots "
                    "(cache_position)", cases)
+        for name in ("with RoPE, fused with the cache write", "with RoPE, given positions, fused"):
+            gaps = paired_gap_us(cases[name], cases["without RoPE"])
+            shown = ("ran" if DRY_RUN else f"{statistics.median(gaps):+.1f} us a step (rounds "
+                     f"{gaps[0]:+.1f} .. {gaps[-1]:+.1f})")
+            print(f"  eager, {name} minus without RoPE, timed in turn: {shown}")
 
 
 def attention_table() -> None:
