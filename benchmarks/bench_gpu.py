@@ -182,6 +182,16 @@ def paired_gap_us(fn, baseline, rounds: int = 15, calls: int = 100) -> list[floa
     return sorted(gaps)
 
 
+def paired_ratios(fn, baseline, rounds: int = 7) -> list[float]:
+    """Per round, fn's do_bench median over baseline's, the two timed in turn: each round's
+    ratio, sorted (the host's speed that minute moves both)."""
+    ratios = []
+    for _ in range(1 if DRY_RUN else rounds):
+        ms = [median_ms(fn), median_ms(baseline)]
+        ratios.append(ms[0] / ms[1])
+    return sorted(ratios)
+
+
 GRAPH_CALLS = 20  # calls captured in one graph, for the cost of a call inside a graph
 
 
@@ -689,6 +699,13 @@ def attention_table() -> None:
               4 * x.numel() * x.element_size())
         share = (times["module, RoPE"] - times["module, no RoPE"]) / times["module, no RoPE"]
         print(f"  RoPE's share of the module's forward: {share:.1%}")
+        for name, baseline in (("module, RoPE", "module, no RoPE"),
+                               ("module compiled, RoPE", "module compiled, no RoPE"),
+                               ("module compiled, RoPE", "module, RoPE")):
+            ratios = paired_ratios(cases[name], cases[baseline])
+            shown = ("ran" if DRY_RUN else f"{statistics.median(ratios):.3f} (rounds "
+                     f"{ratios[0]:.3f} .. {ratios[-1]:.3f})")
+            print(f"  {name} / {baseline}, timed in turn: {shown}")
         for name in ("module, RoPE", "module compiled, RoPE", "module compiled, no RoPE"):
             kernels_by_time(name, cases[name])
         for name in ("module compiled, RoPE", "module compiled, no RoPE"):
