@@ -114,9 +114,10 @@ def check_index_tensor(name: str, t: object, device: torch.device) -> None:
         raise ValueError(f"{name} is on {t.device} but the tables are on {device}")
 
 
-def _broadcasts(shape: torch.Size, target: torch.Size, last: int) -> bool:
+def broadcasts(shape: torch.Size, target: tuple[int, ...], last: int = 0) -> bool:
     """Whether ``shape[:last]`` broadcasts to ``target[:last]`` (aligned at the end, size 1
-    or equal in every dim, no more dims than the target)."""
+    or equal in every dim, no more dims than the target); with ``last`` 0 the whole shapes:
+    ``torch.broadcast_shapes(shape, target) == target`` without its 10-20 us of Python."""
     n = len(shape) + last
     if n > len(target) + last:
         return False
@@ -150,7 +151,7 @@ def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         raise ValueError(f"out must have x's shape {tuple(shape)}, dtype {x.dtype} and device "
                          f"{x.device}, got {tuple(out.shape)}, {out.dtype} on {out.device}")
     if positions is None:
-        if not _broadcasts(table, shape, -1):
+        if not broadcasts(table, shape, -1):
             raise ValueError(f"cos/sin rows {tuple(table)} do not broadcast to x's rows "
                              f"{tuple(shape[:-1]) + (rotary_dim // 2,)}")
         return
@@ -166,7 +167,7 @@ def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         if axes.shape != (rotary_dim // 2,):
             raise ValueError(f"axes must have shape ({rotary_dim // 2},) (one axis per pair), "
                              f"got {tuple(axes.shape)}")
-    if positions.ndim != x.ndim or positions.shape[-1] < 1 or not _broadcasts(
+    if positions.ndim != x.ndim or positions.shape[-1] < 1 or not broadcasts(
             positions.shape, shape, -1):
         raise ValueError(f"positions must have shape (..., seq, k) with {x.ndim} dims, "
                          f"broadcastable to x's rows {tuple(shape[:-1])}, got "

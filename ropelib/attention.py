@@ -13,6 +13,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._checks import (
     as_int,
+    broadcasts,
     check_count,
     check_float_tensor,
     check_int_tensor,
@@ -869,12 +870,7 @@ class StandardAttentionWithRoPE(nn.Module):
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
         expected = (batch, self.num_heads, new, capacity)
-        try:
-            fits = attn_mask.ndim <= 4 and torch.broadcast_shapes(attn_mask.shape,
-                                                                  expected) == expected
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if attn_mask.ndim > 4 or not broadcasts(attn_mask.shape, expected):
             raise ValueError(f"attn_mask of a cache_position step must broadcast to (batch, "
                              f"heads, new, capacity) = {expected}: one column per slot of the "
                              f"cache's capacity ({capacity}), written or not (slots past "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import tracing
+from ._checks import broadcasts, tracing
 
 NAN_MASK_HELP = (
     "attn_mask contains NaN. The recipe (~pad_mask)[:, None, None, :] * float('-inf') "
@@ -61,11 +61,7 @@ def prepare_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
             raise TypeError(f"attn_mask must be boolean (True = may attend) or float (added to "
                             f"the scores), got dtype {attn_mask.dtype}")
-        try:
-            fits = attn_mask.ndim <= 4 and torch.broadcast_shapes(attn_mask.shape, shape) == shape
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if attn_mask.ndim > 4 or not broadcasts(attn_mask.shape, shape):
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                              f"(batch, heads, q_len, k_len) = {shape}")
         if attn_mask.device != device:

@@ -29,6 +29,7 @@ from torch.autograd import forward_ad
 from . import distributed, eager, kernels, replay
 from ._checks import (
     as_int,
+    broadcasts,
     check_float_tensor,
     check_int_tensor,
     check_layout,
@@ -403,11 +404,7 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
                          f"move them with cos.to({name}.device)")
     if cos.ndim > 2:
         expected = x.shape[:-1] + (rd // 2,)
-        try:
-            fits = cos.ndim == x.ndim and torch.broadcast_shapes(cos.shape, expected) == expected
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if cos.ndim != x.ndim or not broadcasts(cos.shape, expected):
             raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
                              f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
                              "with positions= instead")

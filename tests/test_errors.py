@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from reference import angles, attention_module_reference, repeat_last_row, thetas
@@ -18,6 +20,7 @@ from ropelib import (
     rope_frequencies,
     scaled_frequencies,
 )
+from ropelib._checks import broadcasts
 
 F64 = torch.float64
 
@@ -442,3 +445,17 @@ def test_short_table_repeat_last_in_the_module_reproduces_the_original():
     strict.load_state_dict(module.state_dict())
     with pytest.raises(ValueError, match=r"cos has 5 rows but positions 0..8 need 9"):
         strict(x, x, x, rope_embeddings=(cos, sin))
+
+
+def test_the_broadcast_check_agrees_with_torch_broadcast_shapes():
+    """``broadcasts`` (masks, gathered rows, step masks) decides as
+    ``torch.broadcast_shapes(shape, target) == target`` would, for every shape of 0-3 dims
+    of sizes 0-3 against every 3-dim target of sizes 0-3."""
+    for target in itertools.product(range(4), repeat=3):
+        for ndim in range(4):
+            for shape in itertools.product(range(4), repeat=ndim):
+                try:
+                    expected = torch.broadcast_shapes(torch.Size(shape), target) == target
+                except RuntimeError:
+                    expected = False
+                assert broadcasts(torch.Size(shape), target) == expected, (shape, target)
