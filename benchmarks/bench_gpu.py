@@ -6,6 +6,8 @@
                                                        # once at tiny shapes (no timing)
     python benchmarks/bench_gpu.py --only host         # any machine: the host's time per
                                                        # call, launches stubbed
+    python benchmarks/bench_gpu.py --only host --replay-base REV  # and with the replay
+                                                       # module of commit REV, in turn
 
 Every time is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed between
 runs) and every ratio is to a baseline timed in the same process: ``copy_`` of the same bytes
@@ -68,6 +70,7 @@ DRY = {"shape": (1, 4, 16, 16), "qk_heads": (4, 2), "mrope_shape": (1, 2, 49, 16
        "width": 64, "tokens": 16, "capacity": 16}
 DEVICE = "cuda"
 DRY_RUN = False
+REPLAY_BASE = None  # --replay-base: another commit's ropelib/replay.py, for the host table
 
 
 def sync() -> None:
@@ -114,6 +117,35 @@ def replayed_by_key():
         yield
     finally:
         replay._known, replay.TensorGuards = known, guards
+
+
+def load_replay(revision: str):
+    """``ropelib/replay.py`` as it was at a git revision, loaded as a module of its own (its
+    ``run`` and ``noted`` stand in for this checkout's in ``base_replay``)."""
+    import subprocess
+    import types
+
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(["git", "show", f"{revision}:ropelib/replay.py"], cwd=root,
+                            capture_output=True, text=True, check=True).stdout
+    module = types.ModuleType(f"replay_at_{revision}")
+    sys.modules[module.__name__] = module  # its NamedTuples look their module up
+    exec(compile(source, f"{revision}:ropelib/replay.py", "exec"), module.__dict__)
+    return module
+
+
+@contextlib.contextmanager
+def base_replay():
+    """Calls replayed by ``REPLAY_BASE`` (another commit's replay module) instead of this
+    checkout's: the callers and the launch are this checkout's, so only the replay differs."""
+    ours = {name: getattr(replay, name) for name in ("run", "noted")}
+    for name in ours:
+        setattr(replay, name, getattr(REPLAY_BASE, name))
+    try:
+        yield
+    finally:
+        for name, fn in ours.items():
+            setattr(replay, name, fn)
 
 
 def timed(cases: dict[str, object]) -> dict[str, float]:
@@ -785,7 +817,9 @@ def host_table() -> None:
     (B, S, H, D) calls at a small shape, the registered operator as a compiled graph calls
     it, and a training step (forward + backward) beside its floor (``AutogradFloor``: an
     autograd.Function that only allocates its output and its gradient). (The Hugging Face formula's cost per
-    call on a GPU is its launches: decode_table's wall time.)"""
+    call on a GPU is its launches: decode_table's wall time.) With ``--replay-base REV`` a
+    fourth column: the call replayed by that commit's replay module (``base_replay``),
+    the paths taking turns as the other three do."""
     from unittest import mock
 
     from ropelib import rotation
@@ -827,19 +861,28 @@ def host_table() -> None:
         "forward + backward, floor (autograd.Function)": lambda: train(
             lambda: AutogradFloor.apply(trained)),
     }
+    paths = {"whole": contextlib.nullcontext, "guard": contextlib.nullcontext,
+             "key": replayed_by_key}
+    if REPLAY_BASE is not None:
+        paths[REPLAY_BASE.__name__] = base_replay
     print("\nhost time per call, launch stubbed (CPU: " + (
         "dry run" if DRY_RUN else "the machine's") + "): the whole path, the call replayed "
-          "(ropelib.replay: found by its recipe's guard), and replayed but found by its key")
+          "(ropelib.replay: found by its recipe's guard), and replayed but found by its key"
+          + ("" if REPLAY_BASE is None else f"; then replayed by {REPLAY_BASE.__name__}, "
+             "and the median of the samples' ratios of this checkout's replay (by guard) to "
+             "its"))
+    base_on_gpu = (contextlib.nullcontext() if REPLAY_BASE is None
+                   else mock.patch.object(REPLAY_BASE, "_on_gpu", lambda t: True))
     with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
             mock.patch.object(rotation, "_on_device", lambda t: True), \
-            mock.patch.object(replay, "_on_gpu", lambda t: True), \
+            mock.patch.object(replay, "_on_gpu", lambda t: True), base_on_gpu, \
             mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
         for name, fn in cases.items():
-            samples = {path: [] for path in ("whole", "guard", "key")}
-            for _ in range(1 if DRY_RUN else 7):  # the three paths in turn: the load moves
+            samples = {path: [] for path in paths}
+            for _ in range(1 if DRY_RUN else 7):  # the paths in turn: the load moves them
                 for path, times in samples.items():
                     replay.ENABLED = path != "whole"
-                    with replayed_by_key() if path == "key" else contextlib.nullcontext():
+                    with paths[path]():
                         fn()
                         start = time.perf_counter()
                         for _ in range(1 if DRY_RUN else 2000):
@@ -849,6 +892,11 @@ def host_table() -> None:
             shown = ["ran" if DRY_RUN else f"{statistics.median(times):8.1f} us"
                      for times in samples.values()]
             replay.clear()
+            if REPLAY_BASE is not None:
+                REPLAY_BASE.clear()
+                ratios = [ours / base for ours, base in
+                          zip(samples["guard"], samples[REPLAY_BASE.__name__], strict=True)]
+                shown.append("" if DRY_RUN else f"x{statistics.median(ratios):.2f}")
             print(f"  {name:<48}" + "".join(f"{cell:>12}" for cell in shown))
 
 
@@ -958,13 +1006,18 @@ def dry_run_settings() -> None:
 
 
 def main() -> int:
-    global DEVICE
+    global DEVICE, REPLAY_BASE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's tiles")
     parser.add_argument("--only", help=f"comma-separated tables of {', '.join(TABLES)}")
     parser.add_argument("--dry-run", action="store_true",
                         help="run every table's code once on the CPU at tiny shapes")
+    parser.add_argument("--replay-base", metavar="REV",
+                        help="the host table also replays calls with ropelib/replay.py as "
+                             "it was at this git revision")
     args = parser.parse_args()
+    if args.replay_base:
+        REPLAY_BASE = load_replay(args.replay_base)
     if args.dry_run:
         dry_run_settings()
     elif not torch.cuda.is_available() and args.only != "host":
