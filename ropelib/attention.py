@@ -400,11 +400,16 @@ class KVCache:
         self._owner = None
 
 
+def _on_host(slots: torch.Tensor) -> bool:
+    """Whether the values of slots can be read here: on the CPU, in eager mode."""
+    return not tracing() and slots.device.type == "cpu"
+
+
 def _check_slots(slots: torch.Tensor, capacity: int) -> None:
     """Refuses slots outside ``[0, capacity)`` before a write: with a ValueError where they
     are on the CPU, else with an assertion on their device (nothing read back, so a CUDA
     graph can hold the step)."""
-    if tracing() or slots.device.type != "cpu":
+    if not _on_host(slots):
         torch._assert_async(((slots >= 0) & (slots < capacity)).all(),
                             "KVCache.write: slots (cache_position + 0 .. N - 1) must be in "
                             "[0, capacity)")
@@ -706,8 +711,9 @@ class StandardAttentionWithRoPE(nn.Module):
             cache_position: a step at cache slots given on the device: a 0-d integer tensor,
                 the slot of the first new token in ``kv_cache`` (made with a ``capacity``);
                 the new keys and values go to the slots ``cache_position + 0 .. N - 1``
-                (``KVCache.write``; slots past the capacity are refused before anything is
-                written), each query attends to the slots up to its own (and to what
+                (``KVCache.write``, or one launch with the rotation on a GPU; slots past the
+                capacity are refused: a ValueError on the CPU before anything is written, a
+                device-side assertion on a GPU), each query attends to the slots up to its own (and to what
                 ``attn_mask``, which must broadcast to ``(B, H, N, capacity)``, e.g. ``(B, 1,
                 1, capacity)``, allows, e.g. left padding), and ``positions`` default to the
                 slots, or to ``offset + 0 .. N - 1`` when ``offset`` is given (``(N, 1)`` for
@@ -795,7 +801,8 @@ class StandardAttentionWithRoPE(nn.Module):
         n = query.shape[1]
         steps = torch.arange(n, device=query.device)
         slots = cache_position.reshape(()).to(query.device) + steps
-        _check_slots(slots, capacity)  # before anything is written (or rotated)
+        if _on_host(slots):
+            _check_slots(slots, capacity)  # before anything is written (or rotated)
         q = self._split_heads(self.q_proj(query), self.num_heads)
         k = self._split_heads(self.k_proj(key), self.num_kv_heads)
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
@@ -806,9 +813,11 @@ class StandardAttentionWithRoPE(nn.Module):
                                  else start)
         fused = None if key_positions is not None else self._rotate_into_cache(
             q, k, v, rope_embeddings, positions, kv_cache, cache_position)
-        if fused is not None:
+        if fused is not None:  # on a device its one launch asserted the slots itself
             q, k, v = fused
         else:
+            if not _on_host(slots):
+                _check_slots(slots, capacity)
             if positions is None:
                 positions = slots
             if derived:  # one coordinate each for one-axis frequencies (k = 1)

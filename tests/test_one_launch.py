@@ -15,6 +15,7 @@ assertions on, bad coordinates fail with a message that names them.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -55,14 +56,19 @@ class Recorder(TorchDispatchMode):
         return sum(op.overloadpacket.__name__ in ALLOCATIONS for op in self.ops)
 
 
-@pytest.fixture
-def device_route(monkeypatch):
+def take_device_route(monkeypatch) -> None:
     """CPU tensors on the route of CUDA tensors: values not read on the host, the Triton
     backend; the recorder does not count as a dispatch mode for ``plain_call`` (it stands
     for nobody watching)."""
     monkeypatch.setenv("ROPELIB_BACKEND", "triton")
     monkeypatch.setattr(rotation, "_on_device", lambda t: True)
     monkeypatch.setattr(kernels, "is_in_torch_dispatch_mode", lambda: False)
+
+
+@pytest.fixture
+def device_route(monkeypatch):
+    """``take_device_route`` for the test."""
+    take_device_route(monkeypatch)
 
 
 @pytest.fixture
@@ -361,3 +367,64 @@ def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
     assert code.count("torch.ops.ropelib.rotate_qk.default") == 1
     for computed in ("arange", "torch.cos", "torch.sin", "float64"):
         assert computed not in code, computed
+
+
+
+def module_steps():
+    """A module with RoPE and one without (the same shapes), 3 rows of one new token each,
+    and the slot of the step."""
+    from ropelib import StandardAttentionWithRoPE
+
+    kw = {"num_kv_heads": 2, "bias": False, "layout": "half"}
+    return (StandardAttentionWithRoPE(64, 4, **kw).eval(),
+            StandardAttentionWithRoPE(64, 4, rope=False, **kw).eval(),
+            torch.randn(3, 1, 64), torch.tensor(5))
+
+
+def test_the_module_decode_step_fused_issues_the_step_without_rope_less_its_writes(
+        launches, monkeypatch):
+    """The attention module's ``cache_position`` step on the device route (its slots not
+    read on the host): with RoPE fused with the cache write it issues exactly the operations
+    of the same step without RoPE, less that step's two cache writes (``index_copy_``) and
+    its assertion of the slots' range (four operations and the assertion, which the fused
+    launch makes itself), plus the one launch."""
+    from ropelib import KVCache, attention
+
+    with_rope, without, x, slot = module_steps()
+    monkeypatch.setattr(attention, "_on_host", lambda slots: False)
+    work = {}
+    with torch.no_grad():
+        for module in (with_rope, without):
+            cache = KVCache(capacity=16)
+            module(x, x, x, kv_cache=cache, cache_position=slot)  # the buffers made
+            launches.clear()
+            with Recorder() as recorder:
+                module(x, x, x, kv_cache=cache, cache_position=slot)
+            work[module] = (Counter(op.split(".")[1] for op in recorder.device_work()),
+                            len(launches))
+    (fused, fused_launches), (plain, plain_launches) = work[with_rope], work[without]
+    assert (fused_launches, plain_launches) == (1, 0)
+    assert fused - plain == Counter()
+    assert plain - fused == Counter({"index_copy_": 2, "ge": 1, "lt": 1, "bitwise_and": 1,
+                                     "all": 1, "_assert_async": 1})
+
+
+def test_the_module_decode_step_on_the_device_route_equals_the_host_route(monkeypatch):
+    """The same fused step through the Triton kernel (the interpreter), its slots left to
+    the launch, against the host's route (the slots read and checked first, then the
+    compiled loop or PyTorch): the same output, keys and values in the cache's slot."""
+    from ropelib import KVCache, attention
+
+    module, _, x, slot = module_steps()
+    results = []
+    for route in ("host", "device"):
+        if route == "device":  # device_route's settings, and the slots left to the launch
+            take_device_route(monkeypatch)
+            monkeypatch.setattr(attention, "_on_host", lambda slots: False)
+        cache = KVCache(capacity=16)
+        with torch.no_grad():
+            out = module(x, x, x, kv_cache=cache, cache_position=slot)
+        results.append((out, cache._key_buffer[..., 5, :], cache._value_buffer[..., 5, :]))
+    for host, device in zip(*results, strict=True):
+        assert host.abs().sum() > 0
+        torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-5)
