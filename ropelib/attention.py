@@ -836,7 +836,8 @@ class StandardAttentionWithRoPE(nn.Module):
             mask = attn_mask & visible
         else:
             mask = attn_mask.masked_fill(~visible, float("-inf"))
-        return self._attend(q, k, v, mask, False, return_attn)
+        # each query sees its own slot at least, unless attn_mask hides it
+        return self._attend(q, k, v, mask, False, return_attn, every_row_sees=attn_mask is None)
 
     def _rotate_into_cache(self, q, k, v, rope_embeddings, positions, kv_cache,
                            cache_position):
@@ -886,9 +887,12 @@ class StandardAttentionWithRoPE(nn.Module):
                              f"cache_position are hidden anyway), e.g. (batch, 1, 1, "
                              f"{capacity}); got {tuple(attn_mask.shape)}")
 
-    def _attend(self, q, k, v, attn_mask, is_causal: bool, return_attn: bool):
+    def _attend(self, q, k, v, attn_mask, is_causal: bool, return_attn: bool,
+                every_row_sees: bool = False):
         """Attention of rotated q ``(B, H, Nq, d)`` over k, v ``(B, kv_heads, Nk, d)``, merged
-        and projected; ``(out, weights)`` with ``return_attn``."""
+        and projected; ``(out, weights)`` with ``return_attn``. ``every_row_sees``: a mask made
+        here that leaves each query a key, taken as it is (no rows to find empty and zero,
+        four operations on the device)."""
         batch, q_len, k_len = q.shape[0], q.shape[-2], k.shape[-2]
         p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
@@ -896,8 +900,8 @@ class StandardAttentionWithRoPE(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                                  enable_gqa=gqa)
             return self._merge(out)
-        mask, empty = prepare_mask(attn_mask, (batch, self.num_heads, q_len, k_len), is_causal,
-                                   q.dtype, q.device)
+        mask, empty = (attn_mask, None) if every_row_sees else prepare_mask(
+            attn_mask, (batch, self.num_heads, q_len, k_len), is_causal, q.dtype, q.device)
         if return_attn:
             out, weights = self._explicit(q, k, v, mask, empty, p)
         else:

@@ -428,3 +428,25 @@ def test_the_module_decode_step_on_the_device_route_equals_the_host_route(monkey
     for host, device in zip(*results, strict=True):
         assert host.abs().sum() > 0
         torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-5)
+
+
+def test_the_module_decode_step_without_a_mask_finds_no_empty_rows(launches, monkeypatch):
+    """A ``cache_position`` step without ``attn_mask`` masks each query to the slots up to
+    its own, so no row is empty: on the device route (mask values not read) it issues no
+    search for empty rows and no zeroing (``any``, ``bitwise_not``, ``bitwise_or``,
+    ``masked_fill``), which a step with a padding mask (that may hide a row's every slot)
+    still issues. (Its values: the decode tests, where the CPU takes the same path.)"""
+    from ropelib import KVCache, attention, masks
+
+    module, _, x, slot = module_steps()
+    monkeypatch.setattr(masks, "_on_device", lambda t: True)
+    monkeypatch.setattr(attention, "_on_host", lambda slots: False)
+    padding = torch.ones(3, 1, 1, 16, dtype=torch.bool)
+    padding[0, ..., :6] = False  # row 0 hides every slot up to its own: an empty row
+    empty_row_ops = {"any", "bitwise_not", "bitwise_or", "masked_fill"}
+    for attn_mask, issued in ((None, set()), (padding, empty_row_ops)):
+        with torch.no_grad(), Recorder() as recorder:
+            module(x, x, x, kv_cache=KVCache(capacity=16), cache_position=slot,
+                   attn_mask=attn_mask)
+        work = {op.split(".")[1] for op in recorder.device_work()}
+        assert work & empty_row_ops == issued, work
