@@ -713,11 +713,12 @@ class StandardAttentionWithRoPE(nn.Module):
                 the new keys and values go to the slots ``cache_position + 0 .. N - 1``
                 (``KVCache.write``, or one launch with the rotation on a GPU; slots past the
                 capacity are refused: a ValueError on the CPU before anything is written, a
-                device-side assertion on a GPU), each query attends to the slots up to its own (and to what
-                ``attn_mask``, which must broadcast to ``(B, H, N, capacity)``, e.g. ``(B, 1,
-                1, capacity)``, allows, e.g. left padding), and ``positions`` default to the
-                slots, or to ``offset + 0 .. N - 1`` when ``offset`` is given (``(N, 1)`` for
-                one-axis frequencies); ``key_positions`` default to ``positions``. As many
+                device-side assertion on a GPU), each query attends to the slots up to its
+                own (and to what ``attn_mask``, which must broadcast to ``(B, H, N,
+                capacity)``, e.g. ``(B, 1, 1, capacity)``, allows, e.g. left padding), and
+                ``positions`` default to the slots, or to ``offset + 0 .. N - 1`` when
+                ``offset`` is given (``(N, 1)`` for one-axis frequencies); ``key_positions``
+                default to ``positions``. As many
                 new keys as queries, 1D RoPE (or k = 1) whose frequencies do not depend on
                 the length. Nothing in such a step reads a value on the host, so on a GPU
                 it can be captured in a CUDA graph and replayed with new tokens, positions
