@@ -22,7 +22,17 @@ import torch
 from reference import angles, rope_by_pairs, thetas
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ropelib import apply_rope, apply_rope_qk, apply_rope_qk_to_cache, kernels, rotation
+from ropelib import (
+    KVCache,
+    StandardAttentionWithRoPE,
+    apply_rope,
+    apply_rope_qk,
+    apply_rope_qk_to_cache,
+    attention,
+    kernels,
+    masks,
+    rotation,
+)
 from ropelib.tables import generate_rope_embeddings
 
 pytest.importorskip("triton")
@@ -349,8 +359,6 @@ def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
     graph holds the rotation operator on a slice of the module's tables, and no arange, no
     float64 angles, cos or sin (which the graph computed at every call before, while the
     eager module sliced the same tables); its output equals the eager module's."""
-    from ropelib import StandardAttentionWithRoPE
-
     module = StandardAttentionWithRoPE(64, 4, num_kv_heads=2, bias=False, layout="half").eval()
     graphs = []
 
@@ -369,12 +377,9 @@ def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
         assert computed not in code, computed
 
 
-
 def module_steps():
     """A module with RoPE and one without (the same shapes), 3 rows of one new token each,
     and the slot of the step."""
-    from ropelib import StandardAttentionWithRoPE
-
     kw = {"num_kv_heads": 2, "bias": False, "layout": "half"}
     return (StandardAttentionWithRoPE(64, 4, **kw).eval(),
             StandardAttentionWithRoPE(64, 4, rope=False, **kw).eval(),
@@ -388,8 +393,6 @@ def test_the_module_decode_step_fused_issues_the_step_without_rope_less_its_writ
     of the same step without RoPE, less that step's two cache writes (``index_copy_``) and
     its assertion of the slots' range (four operations and the assertion, which the fused
     launch makes itself), plus the one launch."""
-    from ropelib import KVCache, attention
-
     with_rope, without, x, slot = module_steps()
     monkeypatch.setattr(attention, "_on_host", lambda slots: False)
     work = {}
@@ -413,8 +416,6 @@ def test_the_module_decode_step_on_the_device_route_equals_the_host_route(monkey
     """The same fused step through the Triton kernel (the interpreter), its slots left to
     the launch, against the host's route (the slots read and checked first, then the
     compiled loop or PyTorch): the same output, keys and values in the cache's slot."""
-    from ropelib import KVCache, attention
-
     module, _, x, slot = module_steps()
     results = []
     for route in ("host", "device"):
@@ -436,8 +437,6 @@ def test_the_module_decode_step_without_a_mask_finds_no_empty_rows(launches, mon
     search for empty rows and no zeroing (``any``, ``bitwise_not``, ``bitwise_or``,
     ``masked_fill``), which a step with a padding mask (that may hide a row's every slot)
     still issues. (Its values: the decode tests, where the CPU takes the same path.)"""
-    from ropelib import KVCache, attention, masks
-
     module, _, x, slot = module_steps()
     monkeypatch.setattr(masks, "_on_device", lambda t: True)
     monkeypatch.setattr(attention, "_on_host", lambda slots: False)
