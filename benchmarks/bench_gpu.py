@@ -184,14 +184,18 @@ def wall_us(fn, calls: int = 200) -> float:
     for _ in range(3 if DRY_RUN else 20):
         fn()
     sync()
-    samples = []
-    for _ in range(1 if DRY_RUN else 7):
-        start = time.perf_counter()
-        for _ in range(1 if DRY_RUN else calls):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / (1 if DRY_RUN else calls) * 1e6)
-    return statistics.median(samples)
+    return statistics.median(sample_us(fn, calls) for _ in range(1 if DRY_RUN else 7))
+
+
+def sample_us(fn, calls: int) -> float:
+    """Wall time per call of ``calls`` calls of fn in a row and one synchronization (one
+    call in a dry run)."""
+    calls = 1 if DRY_RUN else calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def paired_gap_us(fn, baseline, rounds: int = 15, calls: int = 100) -> list[float]:
@@ -205,11 +209,7 @@ def paired_gap_us(fn, baseline, rounds: int = 15, calls: int = 100) -> list[floa
         for f in (fn, baseline):
             f()
             sync()
-            start = time.perf_counter()
-            for _ in range(1 if DRY_RUN else calls):
-                f()
-            sync()
-            per_call.append((time.perf_counter() - start) / (1 if DRY_RUN else calls) * 1e6)
+            per_call.append(sample_us(f, calls))
         gaps.append(per_call[0] - per_call[1])
     return sorted(gaps)
 
