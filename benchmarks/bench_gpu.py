@@ -810,19 +810,12 @@ def fused_api_table() -> None:
                    "apply_rope_qk, then index_copy_ x2": unfused})
 
 
-def host_table() -> None:
-    """The host's time per call, launches stubbed: ropelib's Python on the route of CUDA
-    tensors (taken here by CPU tensors: values not read, the Triton backend, the launch
-    replaced by a no-op). Needs no GPU; the decode shapes of decode_table, (B, H, S, D) and
-    (B, S, H, D) calls at a small shape, the registered operator as a compiled graph calls
-    it, and a training step (forward + backward) beside its floor (``AutogradFloor``: an
-    autograd.Function that only allocates its output and its gradient). (The Hugging Face formula's cost per
-    call on a GPU is its launches: decode_table's wall time.) With ``--replay-base REV`` a
-    fourth column: the call replayed by that commit's replay module (``base_replay``),
-    the paths taking turns as the other three do."""
-    from unittest import mock
-
-    from ropelib import rotation
+def host_cases() -> dict:
+    """The calls whose host time ``host_table`` measures (and ``host_instructions.py``
+    counts), on CPU tensors: the decode shapes of decode_table, (B, H, S, D) and (B, S, H, D)
+    calls at a small shape, the registered operator as a compiled graph calls it, and a
+    training step (forward + backward) beside its floor (``AutogradFloor``: an
+    autograd.Function that only allocates its output and its gradient)."""
     from ropelib.book.bench import AutogradFloor
 
     hq, hk, d = *QK_HEADS, SHAPE[3]
@@ -841,7 +834,7 @@ def host_table() -> None:
     def train(forward):
         trained.grad = None
         forward().backward(grad)
-    cases = {
+    return {
         "apply_rope_qk positions out= (decode)": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out)),
         "apply_rope_qk 0-d offset (decode)": lambda: apply_rope_qk(
@@ -861,6 +854,32 @@ def host_table() -> None:
         "forward + backward, floor (autograd.Function)": lambda: train(
             lambda: AutogradFloor.apply(trained)),
     }
+
+
+@contextlib.contextmanager
+def gpu_route_stubbed():
+    """CPU tensors on the route of CUDA tensors (values not read, the Triton backend, calls
+    replayed), the launch replaced by a no-op."""
+    from unittest import mock
+
+    from ropelib import rotation
+
+    with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
+            mock.patch.object(rotation, "_on_device", lambda t: True), \
+            mock.patch.object(replay, "_on_gpu", lambda t: True), \
+            mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
+        yield
+
+
+def host_table() -> None:
+    """The host's time per call of ``host_cases``, launches stubbed (``gpu_route_stubbed``):
+    ropelib's Python on the route of CUDA tensors. Needs no GPU. (The Hugging Face formula's
+    cost per call on a GPU is its launches: decode_table's wall time.) With
+    ``--replay-base REV`` a fourth column: the call replayed by that commit's replay module
+    (``base_replay``), the paths taking turns as the other three do."""
+    from unittest import mock
+
+    cases = host_cases()
     paths = {"whole": contextlib.nullcontext, "guard": contextlib.nullcontext,
              "key": replayed_by_key}
     if REPLAY_BASE is not None:
@@ -873,10 +892,7 @@ def host_table() -> None:
              "its"))
     base_on_gpu = (contextlib.nullcontext() if REPLAY_BASE is None
                    else mock.patch.object(REPLAY_BASE, "_on_gpu", lambda t: True))
-    with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
-            mock.patch.object(rotation, "_on_device", lambda t: True), \
-            mock.patch.object(replay, "_on_gpu", lambda t: True), base_on_gpu, \
-            mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
+    with gpu_route_stubbed(), base_on_gpu:
         for name, fn in cases.items():
             samples = {path: [] for path in paths}
             for _ in range(1 if DRY_RUN else 7):  # the paths in turn: the load moves them

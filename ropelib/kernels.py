@@ -70,12 +70,13 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
         axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
 
-    The arguments are checked before the loop runs (``check_rotation_operands``): a table
-    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes``
-    is a ValueError, never a read past a tensor.
+    The arguments are checked before the loop runs (``check_rotation_operands``, on
+    ``run_backend``'s whole path: a replayed call's key holds all it reads): a table pair of
+    other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes`` is a
+    ValueError, never a read past a tensor.
     """
-    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
-    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes)
+    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
+                        check=True)
 
 
 @_rotate_op.register_fake
@@ -92,8 +93,7 @@ def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout
                    axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
     x itself, or memory that shares no element with x)."""
-    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
-    _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes)
+    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, check=True)
 
 
 @_rotate_out_op.register_fake
@@ -136,9 +136,8 @@ def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
     heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
     (one read of the table rows for both): two new tensors (``eager.new_output``)."""
-    _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
-                               positions, axes)
+                               positions, axes, check=True)
     return q_out, k_out
 
 
@@ -164,8 +163,8 @@ def _rotate_qk_out_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
                       axes: torch.Tensor | None = None) -> None:
     """``ropelib::rotate_qk`` written into ``q_out`` and ``k_out`` (each its tensor itself, or
     memory that shares no element with q, k, the other destination or the tables)."""
-    _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes)
-    _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes)
+    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
+                check=True)
 
 
 @_rotate_qk_out_op.register_fake
@@ -398,17 +397,17 @@ def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) ->
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor | None, inverse: bool,
                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-                 pending: Pending | None = None) -> torch.Tensor:
+                 pending: Pending | None = None, check: bool = False) -> torch.Tensor:
     """The operators' implementation for one tensor: ``run_backend`` of ``[x]``."""
     return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes,
-                       pending)[0]
+                       pending, check)[0]
 
 
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
-                axes: torch.Tensor | None = None, pending: Pending | None = None
-                ) -> Sequence[torch.Tensor]:
+                axes: torch.Tensor | None = None, pending: Pending | None = None,
+                check: bool = False) -> Sequence[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
     and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
     directly for plain tensors in eager mode (``plain_call``), by the operators'
@@ -416,24 +415,36 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
     one launch); for another backend ``settle`` checks them first. On a GPU a call seen
     before is replayed (``ropelib.replay``): the rotations inside a training step, a
-    compiled graph's operator, and public calls that are not replayed whole."""
+    compiled graph's operator, and public calls that are not replayed whole.
+
+    ``check`` (the operators' implementations): the operands are checked first, on the
+    whole path only (``check_rotation_operands`` of each x, ``check_out_memory`` of the
+    destinations): a replay's key holds all the first reads, and a call whose destinations
+    meet other tensors otherwise than the recorded call's takes the whole path."""
     count = len(xs)
     return replay.run(
-        (count, layout, rotary_dim, inverse, pending) if type(rotary_dim) is int else None,
-        (*xs, *outs, cos, sin, positions, axes), _PAIRS[count], _DESTINATIONS[count],
+        (count, layout, rotary_dim, inverse, pending, check) if type(rotary_dim) is int
+        else None, (*xs, *outs, cos, sin, positions, axes), _PAIRS[count], _DESTINATIONS[count],
         lambda: _run_backend(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                             pending), bump=False)
+                             pending, check), bump=False)
 
 
 _PAIRS = {1: ((0, 1),), 2: ((0, 2), (1, 3))}  # run_backend's (x, destination) slots
 _DESTINATIONS = {1: (1,), 2: (2, 3)}
+_OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
 
 
 def _run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                  cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                  inverse: bool, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None, pending: Pending | None) -> list[torch.Tensor]:
+                 axes: torch.Tensor | None, pending: Pending | None, check: bool
+                 ) -> list[torch.Tensor]:
     """``run_backend``'s whole path."""
+    if check:
+        for x, out in zip(xs, outs, strict=True):
+            check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
+        if outs[0] is not None:
+            check_out_memory(xs, outs, cos, sin, _OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None

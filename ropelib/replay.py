@@ -26,10 +26,11 @@ those of the call that recorded it (``TensorGuards``, what ``torch.compile`` che
 graphs' inputs with: type, dispatch keys, dtype, device, sizes, strides, requires_grad),
 done in C++ (0.7-1.9 us for a decode call's 7 tensors on a 2-core VM, where the key took
 8.5). A call that one of them passes, made in the same context (``_context``: grad mode
-included), takes that recipe without a key; a call that passes none makes its key (and
-puts the recipe it finds back among its kind's last). Guards are made and checked only
-where the thread's dispatch-key exclusions are a plain thread's (``_guards_see``): inside
-an operator's implementation a guard takes an inference tensor for a plain one.
+and the thread's dispatch-key exclusions included), takes that recipe without a key; a call
+that passes none makes its key (and puts the recipe it finds back among its kind's last).
+Guards are made and checked where the thread excludes what a plain one does, and inside an
+operator's implementation (the autograd keys excluded) for calls that write none of their
+tensors, such as a compiled graph's ``ropelib::rotate_qk`` (``_guards_see``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
     in_place = tuple([tensors[a] is tensors[b] for a, b in pairs])
     kind = (options, tuple([t is None for t in tensors]), in_place)
     context = _context(first)
-    present = _guarded(tensors, pairs, in_place) if _guards_see(context) else None
+    present = (_guarded(tensors, pairs, in_place) if _guards_see(context, tensors, destinations)
+               else None)
     recipe = None if present is None else _found(kind, context, present)
     if recipe is None:
         key = _key(kind, tensors, context)
@@ -130,7 +132,7 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
         if known is None:
             return slow()
         if present is not None:
-            known = _found_by_key(key, kind, known, present)
+            known = _found_by_key(key, kind, known, present, context)
         recipe = known.recipe
     result = _replay(recipe, tensors, pairs, destinations if bump else ())
     return slow() if result is None else result
@@ -170,7 +172,8 @@ def _guarded(tensors: tuple[torch.Tensor | None, ...], pairs: tuple[tuple[int, i
 
 def _plain_exclusions() -> tuple:
     """The dispatch keys a thread excludes by default (autocast's, as it is off), outside
-    and inside inference mode: read on a new thread, whatever the importing one has on."""
+    and inside inference mode (where the autograd keys are excluded, as inside an operator's
+    implementation): read on a new thread, whatever the importing one has on."""
     found = []
 
     def read() -> None:
@@ -187,15 +190,31 @@ def _plain_exclusions() -> tuple:
 _PLAIN_EXCLUSIONS = _plain_exclusions()
 
 
-def _guards_see(context: tuple) -> bool:
-    """Whether a guard sees what the key holds on this thread now. A guard compares dispatch
-    keys as the thread's exclusions leave them; inside an operator's implementation (the
-    autograd keys excluded) an inference tensor passes for a plain one, and inside the
-    fallback of a lazily negated tensor (``Negative`` excluded) a negated view does. So
-    guards are made and checked only where the thread excludes what a plain one does in
-    its inference mode (with autocast on, calls make their keys)."""
-    return (TensorGuards is not None
-            and torch._C._dispatch_tls_local_exclude_set() == _PLAIN_EXCLUSIONS[context[2]])
+def _exclusions(inference: bool) -> int | None:
+    """Which dispatch keys the thread excludes: 0 what a plain thread does in its inference
+    mode, 1 the autograd keys besides outside inference mode (an operator's implementation
+    called through the dispatcher), None anything else (autocast on, or the fallback of a
+    lazily negated tensor, ``Negative`` excluded)."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    if excluded == _PLAIN_EXCLUSIONS[inference]:
+        return 0
+    return 1 if excluded == _PLAIN_EXCLUSIONS[True] else None
+
+
+def _guards_see(context: tuple, tensors: tuple[torch.Tensor | None, ...],
+                destinations: tuple[int, ...]) -> bool:
+    """Whether a guard sees what the key holds for this call (``context[4]``: the thread's
+    ``_exclusions``). A guard compares dispatch keys as the thread's exclusions leave them:
+    where the autograd keys are excluded outside inference mode, an inference tensor passes
+    for a plain one, which a call that writes none of its tensors cannot tell (they are only
+    read, its outputs are made in the context's mode), while a destination made in inference
+    mode is refused outside it (``kernels.check_out_memory``); where ``Negative`` is
+    excluded, a negated view passes for a plain tensor. So guards are made and checked under
+    a plain thread's exclusions, and under an operator implementation's for calls without
+    destinations; everywhere else (autocast on included) calls make their keys."""
+    if TensorGuards is None or context[4] is None:
+        return False
+    return context[4] == 0 or all(tensors[d] is None for d in destinations)
 
 
 def _found(kind: tuple, context: tuple, present: list[torch.Tensor]) -> Recipe | None:
@@ -221,13 +240,13 @@ def _guard(present: list[torch.Tensor]) -> object | None:
         return None
 
 
-def _found_by_key(key: tuple, kind: tuple, known: Known, present: list[torch.Tensor]
-                  ) -> Known:
-    """A recipe its key found where guards see: guarded by these tensors where it was
-    recorded where guards see nothing (such as under autocast), and put back among its
-    kind's last (newer ones may have pushed it out)."""
-    if known.guard is None:
-        known = _recipes[key] = known._replace(guard=_guard(present))
+def _found_by_key(key: tuple, kind: tuple, known: Known, present: list[torch.Tensor],
+                  context: tuple) -> Known:
+    """A recipe its key found where guards see: guarded by these tensors, in this context,
+    where it was recorded where guards see nothing (such as under autocast) or under other
+    exclusions, and put back among its kind's last (newer ones may have pushed it out)."""
+    if known.guard is None or known.context != context:
+        known = _recipes[key] = Known(_guard(present), context, known.recipe)
     if known.guard is not None:
         _keep(kind, known)
     return known
@@ -286,7 +305,7 @@ def _key(kind: tuple, tensors: tuple[torch.Tensor | None, ...], context: tuple
             return None
         else:
             metas.append((t.size(), t.stride(), t.dtype, t.is_neg(), t.is_inference()))
-    return (*kind, *metas, device, *context)
+    return (*kind, *metas, device, *context[:4])  # the exclusions hide nothing from a key
 
 
 def _watched() -> bool:
@@ -300,9 +319,10 @@ def _watched() -> bool:
 
 def _context(first: torch.Tensor) -> tuple:
     """What a replay depends on besides the call: grad mode, ``ROPELIB_BACKEND``,
-    inference mode and the current CUDA device."""
-    return (torch.is_grad_enabled(), os.environ.get("ROPELIB_BACKEND"),
-            torch.is_inference_mode_enabled(), _current_device(first))
+    inference mode, the current CUDA device and the thread's ``_exclusions``."""
+    inference = torch.is_inference_mode_enabled()
+    return (torch.is_grad_enabled(), os.environ.get("ROPELIB_BACKEND"), inference,
+            _current_device(first), _exclusions(inference))
 
 
 def _on_gpu(x: torch.Tensor) -> bool:

@@ -341,6 +341,78 @@ def test_a_guard_is_not_trusted_where_the_thread_masks_dispatch_keys(route):
             call(t)
 
 
+OPERATORS = {  # what a compiled graph calls: name: (call, the destinations it writes)
+    "rotate_qk": (lambda t: torch.ops.ropelib.rotate_qk.default(
+        t["q"], t["k"], t["cos"][:3], t["sin"][:3], "half", 16), ()),
+    "rotate": (lambda t: torch.ops.ropelib.rotate.default(
+        t["q"], t["cos"][:3], t["sin"][:3], "interleaved", 16, True), ()),
+    "rotate_qk_out": (lambda t: torch.ops.ropelib.rotate_qk_out.default(
+        t["q"], t["k"], t["cos"][:3], t["sin"][:3], "half", 16, t["q_out"], t["k_out"]),
+        ("q_out", "k_out")),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_an_operators_implementation_replays_by_guard_what_writes_no_tensor(
+        route, monkeypatch, name):
+    """An operator called through the dispatcher (its implementation runs with the autograd
+    keys excluded) replays its rotation from its second call on. Without destinations it is
+    found by its guard, with no key, and an inference tensor among its inputs, which that
+    guard cannot tell from a plain one, gets the whole path's launch and outputs; with
+    destinations it makes its key."""
+    keys = []
+    make_key = replay._key
+    monkeypatch.setattr(replay, "_key", lambda *args: keys.append(1) or make_key(*args))
+    call, written = OPERATORS[name]
+    call(fresh(0))
+    route.clear()
+    keys.clear()
+    call(fresh(1))
+    assert [kind for kind, *_ in route] == ["replay"]
+    assert len(keys) == (1 if written else 0)
+    if written:
+        return
+    route.clear()
+    tensors = fresh(2)
+    tensors["q"] = _made_under_inference_mode(tensors["q"])
+    replayed = as_tuple(call(tensors))
+    monkeypatch.setattr(replay, "ENABLED", False)
+    whole = as_tuple(call(tensors))
+    (kind, launch, pointers), (_, whole_launch, whole_pointers) = route
+    assert kind == "replay" and launch == whole_launch
+    made = {w.data_ptr(): r.data_ptr() for r, w in zip(replayed, whole, strict=True)}
+    assert pointers == tuple(made.get(p, p) for p in whole_pointers)
+    assert [(r.shape, r.stride(), r.is_inference()) for r in replayed] == [
+        (w.shape, w.stride(), w.is_inference()) for w in whole]
+
+
+def test_an_operators_checks_refuse_a_new_key_after_replays(route):
+    """An operator's implementation checks its operands on the whole path only: a call that
+    the checks refuse, made after replays of good ones, takes the whole path and its error
+    (too few columns, rows that do not cover x's, a destination on a table, a destination
+    made under inference mode)."""
+    call = OPERATORS["rotate_qk_out"][0]
+    for seed in (0, 1):
+        call(fresh(seed))
+        OPERATORS["rotate"][0](fresh(seed))
+    t = fresh(2)
+    with pytest.raises(ValueError, match=r"must have rotary_dim // 2 = 8 columns"):
+        torch.ops.ropelib.rotate.default(t["q"], t["cos"][:3, :4], t["sin"][:3, :4],
+                                         "interleaved", 16, True)
+    with pytest.raises(ValueError, match="do not broadcast to x's rows"):
+        torch.ops.ropelib.rotate.default(t["q"], t["cos"][:2], t["sin"][:2], "interleaved",
+                                         16, True)
+    table = torch.randn(t["q"].numel() + t["k"].numel())
+    t.update(cos=table[:3 * 8].view(3, 8), q_out=table[:t["q"].numel()].view_as(t["q"]))
+    with pytest.raises(ValueError, match="q_out shares memory with cos"):
+        call(t)
+    t = fresh(3)
+    t["k_out"] = _made_under_inference_mode(t["k_out"])
+    with pytest.raises(ValueError, match="k_out is an inference tensor"):
+        call(t)
+    assert [kind for kind, *_ in route] == ["whole", "whole", "replay", "replay"]
+
+
 def test_calls_under_autocast_are_found_by_their_keys(route, monkeypatch):
     """Autocast changes the thread's exclusions, so its calls make their keys, and replay
     as any others; after it, the recipe it recorded gets its guard when its key first
