@@ -9,9 +9,11 @@ by 0.7-1.3x between two unchanged paths timed in turn).
 
 Each case runs in a process of its own under ``valgrind --tool=callgrind`` with
 instrumentation off until its calls begin (``callgrind_control -i on``): 50 warm-up calls,
-then ``--calls`` calls counted. With ``--base`` the same cases run against REV's ``ropelib``
-(a temporary ``git worktree``; this checkout's cases and stubs), and the table gives the
-ratio. Needs valgrind on the PATH; each case takes about a minute (torch's import, mostly).
+a garbage collection, then ``--calls`` calls counted with the collector off (when a
+collection falls in the window follows the process's history, not the call). With
+``--base`` the same cases run against REV's ``ropelib`` (a temporary ``git worktree``; this
+checkout's cases and stubs), and the table gives the ratio. Needs valgrind on the PATH;
+each case takes about a minute (torch's import, mostly).
 Counts are not times (a cache miss or a system call costs more than an instruction), but
 two versions of the same Python path compare well by them.
 """
@@ -19,6 +21,8 @@ two versions of the same Python path compare well by them.
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +44,8 @@ def worker(root: str, case: str, calls: int) -> None:
     with bench_gpu.gpu_route_stubbed():
         for _ in range(WARM_UP):
             fn()
+        gc.collect()
+        gc.disable()  # a collection's cost follows the process's history, not the call's
         print("ready", flush=True)
         sys.stdin.readline()
         for _ in range(calls):
@@ -57,7 +63,7 @@ def count(root: Path, case: str, calls: int) -> float:
              f"--callgrind-out-file={out}", sys.executable, __file__, "--worker", str(root),
              case, str(calls)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True)
+            text=True, env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dict probes
         if not any(line.strip() == "ready" for line in process.stdout):  # after bench_gpu's
             raise RuntimeError(f"{case}: the worker failed")                # notes on peers
         control = ["callgrind_control", "-i"]

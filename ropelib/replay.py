@@ -115,8 +115,9 @@ def run(options: tuple | None, tensors: tuple[torch.Tensor | None, ...],
     if not ENABLED or options is None or getattr(_local, "launches", None) is not None:
         return slow()
     first = tensors[0]
-    if (type(first) is not torch.Tensor or not _on_gpu(first) or _watched()
-            or (first.requires_grad and torch.is_grad_enabled())):  # a training step's x
+    if (type(first) is not torch.Tensor or not _on_gpu(first)
+            or (first.requires_grad and torch.is_grad_enabled())  # a training step's x
+            or _watched()):
         return slow()
     in_place = tuple([tensors[a] is tensors[b] for a, b in pairs])
     kind = (options, tuple([t is None for t in tensors]), in_place)
