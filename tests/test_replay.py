@@ -316,8 +316,9 @@ def test_a_guard_is_not_trusted_where_the_thread_masks_dispatch_keys(route):
     """A guard compares dispatch keys as the thread's exclusions leave them: inside an
     operator's implementation an inference tensor passes for a plain one, and with
     ``Negative`` excluded (the fallback of a lazily negated tensor) a negated view does.
-    There calls are found by their keys: the whole path's error for a destination made
-    under inference mode, and its refusal of a lazily negated table, as outside."""
+    There calls into destinations, and every call under ``Negative`` excluded, are found by
+    their keys: the whole path's error for a destination made under inference mode, and
+    its refusal of a lazily negated table, as outside."""
     call = CASES["rope out="][0]
     for seed in (0, 1):
         _inside.append(lambda seed=seed: call(fresh(seed)))
