@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 if "--dry-run" in sys.argv:  # before Triton is imported: the peers' kernels interpreted too
@@ -117,6 +118,23 @@ def replayed_by_key():
         yield
     finally:
         replay._known, replay.TensorGuards = known, guards
+
+
+def recorded_launch(step) -> Callable[[], None] | None:
+    """The one launch ``step`` makes, as a function of no arguments: the prepared launch
+    ``ropelib.triton_rope`` tells ``ropelib.replay`` of (Triton's compiled-kernel runner and
+    the driver's launch) with the pointers of that call, and none of ropelib's Python; None
+    where the step makes no such launch (Triton's interpreter)."""
+    replay._local.launches = []
+    try:
+        step()
+    finally:
+        launches, replay._local.launches = replay._local.launches, None
+    if len(launches) != 1 or launches[0][1] is None:
+        return None
+    kernel_tensors, go = launches[0]
+    pointers = [t.data_ptr() for t in kernel_tensors]
+    return lambda: go(pointers)
 
 
 def load_replay(revision: str):
@@ -550,8 +568,9 @@ def decode_table() -> None:
     """One decode step: q (64, 32, 1, 128) and k (64, 8, 1, 128), each row at its own
     position; eager wall time per call and replay time in a CUDA graph. Also: a 0-d offset
     tensor (the step of a batch at one position), M-RoPE's per-token (t, h, w) positions,
-    ropelib with Triton's JIT launch instead of the prepared one, and the kernel compiled
-    without its device-side assertions (what they cost)."""
+    ropelib with Triton's JIT launch instead of the prepared one, the prepared launch alone
+    (what is left of a call without ropelib's Python) beside one PyTorch kernel's launch, and
+    the kernel compiled without its device-side assertions (what they cost)."""
     dtype = torch.bfloat16
     hq, hk = QK_HEADS
     d = SHAPE[3]
@@ -604,7 +623,11 @@ def decode_table() -> None:
         "ropelib positions out=, whole path": whole_path_step,
         "ropelib, Triton's JIT launch every call": jit_launch_step,
         "HF eager": hf_step,
+        "one PyTorch kernel: q_out.copy_(q)": lambda: q_out.copy_(q),
     }
+    launch = recorded_launch(ropelib_step)
+    if launch is not None:
+        cases["ropelib's launch alone (no ropelib Python)"] = launch
     if LIGER_ROPE is not None:
         cases["Liger rope"] = lambda: LIGER_ROPE(q, k, cos_full[positions], sin_full[positions])
     if FLASH_ROTARY is not None:  # (B, S, H, D); per-row offsets as seqlen_offsets

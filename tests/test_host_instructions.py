@@ -49,3 +49,31 @@ def test_every_host_case_replays_its_launch_on_the_stubbed_route(monkeypatch):
             per_call = 0 if "floor" in name else 2 if "backward" in name else 1
             assert launches == ["whole"] * per_call + ["replay"] * 2 * per_call, name
     replay.clear()
+
+
+def test_the_recorded_launch_is_the_calls_one_launch_with_its_pointers(monkeypatch):
+    """bench_gpu's row of the launch alone replays the one launch a decode call makes, with
+    that call's pointers (q's among them), and leaves nothing being recorded."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_gpu
+    import torch
+
+    from ropelib import apply_rope_qk, generate_rope_embeddings, replay, triton_rope
+
+    seen = []
+
+    def launch(x, plan, tensors):
+        seen.append([t.data_ptr() for t in tensors])
+        return lambda pointers: seen.append(list(pointers))
+
+    q, k = torch.randn(4, 8, 1, 64), torch.randn(4, 2, 1, 64)
+    cos, sin = generate_rope_embeddings(32, 64)
+    positions = torch.randint(0, 32, (4, 1))
+    with bench_gpu.gpu_route_stubbed(), mock.patch.object(triton_rope, "_launch", launch):
+        alone = bench_gpu.recorded_launch(
+            lambda: apply_rope_qk(q, k, cos, sin, layout="half", positions=positions))
+        assert len(seen) == 1 and alone is not None
+        alone()
+        assert bench_gpu.recorded_launch(lambda: None) is None  # no launch: no row
+    assert seen[1] == seen[0] and q.data_ptr() in seen[0] and k.data_ptr() in seen[0]
+    assert getattr(replay._local, "launches", None) is None
