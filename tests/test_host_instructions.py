@@ -2,7 +2,8 @@
 have: here its worker, the process valgrind runs, takes the protocol the counter speaks
 (ready, a line, the calls, done) with a case of ``bench_gpu.host_cases`` on the stubbed
 GPU route, and each of those cases makes its one stubbed launch there, replayed from the
-second call (the public calls) or in its rotation (the operator, the training step)."""
+second call (the public calls) or in its rotation (the operator, the training step). Also
+``bench_gpu.recorded_launch``, the decode table's row of the launch alone."""
 
 from __future__ import annotations
 
