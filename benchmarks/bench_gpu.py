@@ -37,6 +37,7 @@ import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -135,6 +136,52 @@ def recorded_launch(step) -> Callable[[], None] | None:
     kernel_tensors, go = launches[0]
     pointers = [t.data_ptr() for t in kernel_tensors]
     return lambda: go(pointers)
+
+
+def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]:
+    """The one launch ``step`` makes, through Inductor's static CUDA launcher
+    (``StaticallyLaunchedCudaKernel``: the compiled kernel's cubin launched from C++, none of
+    Triton's Python): a candidate for ropelib's prepared launch, checked to write the
+    ``outputs`` that ``step`` writes. Private APIs of torch and Triton: a failure raises."""
+    try:
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:  # its name before torch 2.12
+        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+    real, launchers, made = triton_rope._compiled, dict(triton_rope._launchers), []
+
+    class Recording:
+        """``triton_rope._compiled`` that keeps the compiled kernel, its grid and arguments."""
+
+        def __getitem__(self, grid):
+            def call(*args, **kwargs):
+                made.append((real[grid](*args, **kwargs), grid, args))
+                return made[-1][0]
+            return call
+
+    triton_rope._compiled = Recording()
+    triton_rope._launchers.clear()
+    replay.ENABLED = False
+    try:
+        step()
+    finally:
+        triton_rope._compiled, replay.ENABLED = real, True
+        triton_rope._launchers.clear()
+        triton_rope._launchers.update(launchers)
+    (kernel, grid, args), = made
+    kernel._cubin_path = None  # the constructor reads it; the cubin is written from asm below
+    static = StaticallyLaunchedCudaKernel(kernel)
+    static.reload_cubin_from_raw(os.path.join(tempfile.mkdtemp(), f"{static.name}.cubin"))
+    static.load_kernel(torch.cuda.current_device())
+    kept = [a for i, a in enumerate(args) if i not in static.full_constexprs]
+    stream = torch.cuda.current_stream().cuda_stream
+    expected = [o.clone() for o in outputs]
+    for o in outputs:
+        o.zero_()
+    static.run(*grid, stream, *kept)
+    sync()
+    if not all(torch.equal(o, e) for o, e in zip(outputs, expected, strict=True)):
+        raise RuntimeError("its outputs differ from ropelib's launch")
+    return lambda: static.run(*grid, stream, *kept)
 
 
 def load_replay(revision: str):
@@ -569,8 +616,9 @@ def decode_table() -> None:
     position; eager wall time per call and replay time in a CUDA graph. Also: a 0-d offset
     tensor (the step of a batch at one position), M-RoPE's per-token (t, h, w) positions,
     ropelib with Triton's JIT launch instead of the prepared one, the prepared launch alone
-    (what is left of a call without ropelib's Python) beside one PyTorch kernel's launch, and
-    the kernel compiled without its device-side assertions (what they cost)."""
+    (what is left of a call without ropelib's Python) beside one PyTorch kernel's launch and
+    the same launch through Inductor's static launcher (``statically_launched``), and the
+    kernel compiled without its device-side assertions (what they cost)."""
     dtype = torch.bfloat16
     hq, hk = QK_HEADS
     d = SHAPE[3]
@@ -628,6 +676,12 @@ def decode_table() -> None:
     launch = recorded_launch(ropelib_step)
     if launch is not None:
         cases["ropelib's launch alone (no ropelib Python)"] = launch
+    if DEVICE == "cuda":
+        try:
+            cases["that launch, Inductor's static launcher"] = statically_launched(
+                ropelib_step, [q_out, k_out])
+        except Exception as error:
+            print(f"  (Inductor's static launcher: {type(error).__name__}: {str(error)[:100]})")
     if LIGER_ROPE is not None:
         cases["Liger rope"] = lambda: LIGER_ROPE(q, k, cos_full[positions], sin_full[positions])
     if FLASH_ROTARY is not None:  # (B, S, H, D); per-row offsets as seqlen_offsets

@@ -3,7 +3,8 @@ have: here its worker, the process valgrind runs, takes the protocol the counter
 (ready, a line, the calls, done) with a case of ``bench_gpu.host_cases`` on the stubbed
 GPU route, and each of those cases makes its one stubbed launch there, replayed from the
 second call (the public calls) or in its rotation (the operator, the training step). Also
-``bench_gpu.recorded_launch``, the decode table's row of the launch alone."""
+the decode table's rows of the launch alone (``bench_gpu.recorded_launch``) and of the same
+launch through Inductor's static launcher (``bench_gpu.statically_launched``)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,24 @@ def test_the_recorded_launch_is_the_calls_one_launch_with_its_pointers(monkeypat
         assert bench_gpu.recorded_launch(lambda: None) is None  # no launch: no row
     assert seen[1] == seen[0] and q.data_ptr() in seen[0] and k.data_ptr() in seen[0]
     assert getattr(replay._local, "launches", None) is None
+
+
+def test_the_static_launchers_row_leaves_the_kernel_and_the_replay_as_they_were(monkeypatch):
+    """bench_gpu.statically_launched swaps Triton's compiled kernel for a recording one while
+    its step runs; on the CPU (the interpreter: nothing compiled, nothing recorded) it
+    raises, and the kernel, its launchers and the replay are left as they were."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pytest.importorskip("torch._inductor.runtime.static_triton_launcher")
+    import bench_gpu
+    import torch
+
+    from ropelib import apply_rope, generate_rope_embeddings, replay, triton_rope
+
+    x = torch.randn(1, 2, 8, 16)
+    cos, sin = generate_rope_embeddings(8, 16)
+    compiled, launchers = triton_rope._compiled, dict(triton_rope._launchers)
+    monkeypatch.setenv("ROPELIB_BACKEND", "triton")
+    with pytest.raises(ValueError, match="not enough values"):
+        bench_gpu.statically_launched(lambda: apply_rope(x, cos, sin), [x])
+    assert triton_rope._compiled is compiled and triton_rope._launchers == launchers
+    assert replay.ENABLED
