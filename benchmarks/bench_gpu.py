@@ -138,6 +138,23 @@ def recorded_launch(step) -> Callable[[], None] | None:
     return lambda: go(pointers)
 
 
+@contextlib.contextmanager
+def kernel_swapped(kernel):
+    """``triton_rope``'s JIT kernel replaced by ``kernel`` (its prepared launchers and the
+    replay's recipes forgotten meanwhile), then everything as it was."""
+    default, launchers = triton_rope._compiled, dict(triton_rope._launchers)
+    triton_rope._launchers.clear()
+    replay.clear()
+    triton_rope._compiled = kernel
+    try:
+        yield
+    finally:
+        triton_rope._compiled = default
+        triton_rope._launchers.clear()
+        triton_rope._launchers.update(launchers)
+        replay.clear()
+
+
 def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]:
     """The one launch ``step`` makes, through Inductor's static CUDA launcher
     (``StaticallyLaunchedCudaKernel``: the compiled kernel's cubin launched from C++, none of
@@ -147,7 +164,7 @@ def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]
         from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
     except ImportError:  # its name before torch 2.12
         from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
-    real, launchers, made = triton_rope._compiled, dict(triton_rope._launchers), []
+    real, made = triton_rope._compiled, []
 
     class Recording:
         """``triton_rope._compiled`` that keeps the compiled kernel, its grid and arguments."""
@@ -158,15 +175,12 @@ def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]
                 return made[-1][0]
             return call
 
-    triton_rope._compiled = Recording()
-    triton_rope._launchers.clear()
     replay.ENABLED = False
     try:
-        step()
+        with kernel_swapped(Recording()):
+            step()
     finally:
-        triton_rope._compiled, replay.ENABLED = real, True
-        triton_rope._launchers.clear()
-        triton_rope._launchers.update(launchers)
+        replay.ENABLED = True
     (kernel, grid, args), = made
     kernel._cubin_path = None  # the constructor reads it; the cubin is written from asm below
     static = StaticallyLaunchedCudaKernel(kernel)
@@ -697,18 +711,9 @@ def decode_table() -> None:
 def assertions_cost(step) -> None:
     """The decode step with the kernel compiled without debug (no device-side assertion)
     against the default kernel, wall time and graph replay."""
-    default, launchers = triton_rope._compiled, dict(triton_rope._launchers)
-    try:
-        triton_rope._launchers.clear()
-        replay.clear()
-        triton_rope._compiled = triton.jit(triton_rope._rope)
+    with kernel_swapped(triton.jit(triton_rope._rope)):
         wall_table("decode step, kernel without its device-side assertions (for comparison)",
                    {"ropelib, no assertions compiled": step})
-    finally:
-        triton_rope._compiled = default
-        triton_rope._launchers.clear()
-        triton_rope._launchers.update(launchers)
-        replay.clear()
 
 
 def module_decode_table() -> None:
