@@ -35,6 +35,7 @@ tensors, such as a compiled graph's ``ropelib::rotate_qk`` (``_guards_see``).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -48,6 +49,11 @@ try:  # private; without it every call makes its key
 except ImportError:
     TensorGuards = None
 
+try:  # os.environ's own dict and key (private): os.environ.get takes 0.3-0.7 us a call
+    _ENVIRON, _BACKEND_KEY = os.environ._data, os.environ.encodekey("ROPELIB_BACKEND")
+except AttributeError:
+    _ENVIRON, _BACKEND_KEY = os.environ, "ROPELIB_BACKEND"
+
 ENABLED = True
 MAX_RECIPES = 1024
 KNOWN_PER_KIND = 4
@@ -58,10 +64,11 @@ class Recipe(NamedTuple):
     """A call's launch in terms of the call's tensors (slots: the call's tensors, then its
     new outputs): ``go(pointers)`` launches; ``sources`` gives each pointer as (slot, byte
     offset); ``new`` the outputs to allocate (shape, strides, dtype, device); ``aligned`` (slot,
-    byte offset, whether it was 16-byte aligned) for each pointer into a call's tensor;
-    ``same`` whether each (x, destination) pair of the call shared its address;
-    ``extents`` each tensor's bytes from its first to past its last element; ``apart``
-    the (destination, other tensor) slots whose bytes did not meet; ``gaps`` (destination,
+    byte offset, whether it was 16-byte aligned) for each pointer into a call's tensor, None
+    where every one was (then a replay checks all its pointers at once); ``same`` whether
+    each (x, destination) pair of the call shared its address; ``extents`` each tensor's
+    bytes from its first to past its last element; ``apart`` for each destination, the
+    other tensors' slots whose bytes did not meet it (each pair once); ``gaps`` (destination,
     other tensor, destination's address minus the other's) for those whose bytes met, such
     as q and k rotated in place in one fused projection (what elements they share then
     follows from their strides and that distance, as it did in the recorded call);
@@ -70,10 +77,10 @@ class Recipe(NamedTuple):
     go: Callable[[Sequence[int]], None]
     sources: tuple[tuple[int, int], ...]
     new: tuple[tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device], ...]
-    aligned: tuple[tuple[int, int, bool], ...]
+    aligned: tuple[tuple[int, int, bool], ...] | None
     same: tuple[bool, ...]
     extents: tuple[int, ...]
-    apart: tuple[tuple[int, int], ...]
+    apart: tuple[tuple[int, tuple[int, ...]], ...]
     gaps: tuple[tuple[int, int, int], ...]
     returns: tuple[int, ...]
     single: bool
@@ -319,10 +326,11 @@ def _watched() -> bool:
 
 
 def _context(first: torch.Tensor) -> tuple:
-    """What a replay depends on besides the call: grad mode, ``ROPELIB_BACKEND``,
-    inference mode, the current CUDA device and the thread's ``_exclusions``."""
+    """What a replay depends on besides the call: grad mode, ``ROPELIB_BACKEND`` (as
+    ``os.environ`` holds it), inference mode, the current CUDA device and the thread's
+    ``_exclusions``."""
     inference = torch.is_inference_mode_enabled()
-    return (torch.is_grad_enabled(), os.environ.get("ROPELIB_BACKEND"), inference,
+    return (torch.is_grad_enabled(), _ENVIRON.get(_BACKEND_KEY), inference,
             _current_device(first), _exclusions(inference))
 
 
@@ -347,14 +355,16 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
     for (a, b), same in zip(pairs, recipe.same, strict=True):
         if (addresses[a] == addresses[b]) != same:
             return None
-    for slot, offset, aligned in recipe.aligned:
+    for slot, offset, aligned in recipe.aligned or ():
         if ((addresses[slot] + offset) % 16 == 0) != aligned:
             return None
     extents = recipe.extents
-    for d, other in recipe.apart:
-        if (addresses[other] < addresses[d] + extents[d]
-                and addresses[d] < addresses[other] + extents[other]):
-            return None
+    for d, others in recipe.apart:
+        start = addresses[d]
+        end = start + extents[d]
+        for other in others:
+            if addresses[other] < end and start < addresses[other] + extents[other]:
+                return None
     for d, other, gap in recipe.gaps:
         if addresses[d] - addresses[other] != gap:
             return None
@@ -362,7 +372,10 @@ def _replay(recipe: Recipe, tensors: tuple[torch.Tensor | None, ...],
             for shape, strides, dtype, device in recipe.new]
     for t in made:
         addresses.append(t.data_ptr())
-    recipe.go([addresses[slot] + offset for slot, offset in recipe.sources])
+    pointers = [addresses[slot] + offset for slot, offset in recipe.sources]
+    if recipe.aligned is None and math.gcd(*pointers) % 16:  # a pointer is not aligned
+        return None  # (never a new output's: an allocation is)
+    recipe.go(pointers)
     written = [tensors[d] for d in bumped if tensors[d] is not None]
     if written:
         torch.autograd.graph.increment_version(written)
@@ -410,14 +423,18 @@ def _recipe(launches: list, tensors: tuple[torch.Tensor | None, ...],
     met = {(d, other) for d, other in checked
            if addresses[other] < addresses[d] + extents[d]
            and addresses[d] < addresses[other] + extents[other]}
-    apart = tuple(pair for pair in checked if pair not in met)
+    unmet = [(d, other) for d, other in checked if (d, other) not in met
+             and not (other < d and (other, d) in checked)]  # two destinations: once
+    apart = tuple((d, others) for d in destinations
+                  if (others := tuple(other for d_, other in unmet if d_ == d)))
     gaps = tuple((d, other, addresses[d] - addresses[other]) for d, other in checked
                  if (d, other) in met)
     aligned = {(slot, offset, (addresses[slot] + offset) % 16 == 0)
                for slot, offset in sources if slot < len(tensors)}
     return Recipe(go, tuple(sources),
                   tuple((t.shape, t.stride(), t.dtype, t.device) for t in made),
-                  tuple(sorted(aligned)), same, extents, apart, gaps, returns, single)
+                  None if all(a for *_, a in aligned) else tuple(sorted(aligned)), same,
+                  extents, apart, gaps, returns, single)
 
 
 def _slot(t: torch.Tensor, tensors: tuple[torch.Tensor | None, ...],

@@ -473,6 +473,41 @@ def test_an_address_the_recipe_did_not_see_takes_the_whole_path(route):
     assert [kind for kind, *_ in route] == ["whole"]
 
 
+def test_a_recipe_with_a_misaligned_pointer_replays_only_calls_misaligned_there(route):
+    """The kernel is specialized on each pointer's alignment: a recipe recorded with a
+    destination 4 bytes past an aligned start replays a call with its destination as far
+    off, and a call whose pointers are all aligned takes the whole path."""
+    def call(seed: int, misaligned: bool) -> None:
+        tensors = fresh(seed)
+        if misaligned:
+            buffer = torch.empty(tensors["q"].numel() + 1)
+            tensors["q_out"] = buffer[1:].view(tensors["q"].shape)
+        CASES["qk positions out="][0](tensors)
+
+    for seed, misaligned in ((0, True), (1, True), (2, False)):
+        call(seed, misaligned)
+    assert [kind for kind, *_ in route] == ["whole", "replay", "whole"]
+
+
+def test_destinations_that_meet_are_refused_after_a_recipe_exists(route):
+    """q_out and k_out sharing memory is refused by the whole path, also after calls with
+    apart destinations were recorded and replayed (the pair is checked once, either way)."""
+    call = CASES["qk positions out="][0]
+    call(fresh(0))
+    call(fresh(1))
+    assert [kind for kind, *_ in route] == ["whole", "replay"]
+    for k_at in ("start", "end"):  # of q_out's bytes
+        t = fresh(2)
+        q_size, k_size = t["q"].numel(), t["k"].numel()
+        buffer = torch.empty(q_size)
+        start = 0 if k_at == "start" else q_size - k_size
+        t["q_out"] = buffer.view(t["q"].shape)
+        t["k_out"] = buffer[start:start + k_size].view(t["k"].shape)
+        with pytest.raises(ValueError, match="q_out shares memory with k_out"):
+            call(t)
+    assert len(route) == 2
+
+
 def test_an_overlap_is_refused_after_a_recipe_exists(route):
     """A destination over the tables is refused by the whole path, also once calls with
     the same shapes have been replayed."""
@@ -573,11 +608,13 @@ class Watcher(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode",
-                                     "compiler", "ROPELIB_BACKEND=eager", "kept wrapper"])
+                                     "compiler", "ROPELIB_BACKEND=eager",
+                                     "ROPELIB_BACKEND unset", "kept wrapper"])
 def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
     """Where anybody could see a difference (autograd recording, a dispatch or function
-    mode, a compiler tracing the call), the backend is another, or x is a ``torch.func``
-    wrapper kept from a finished transform (no storage of its own), the whole path runs."""
+    mode, a compiler tracing the call), the backend is another (``ROPELIB_BACKEND`` set to
+    another or unset), or x is a ``torch.func`` wrapper kept from a finished transform (no
+    storage of its own), the whole path runs."""
     call = CASES["rope rows"][0]
     call(fresh(0))
     route.clear()
@@ -597,8 +634,11 @@ def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
         return
     if watcher == "compiler":
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    if watcher == "ROPELIB_BACKEND=eager":
-        monkeypatch.setenv("ROPELIB_BACKEND", "eager")
+    if watcher.startswith("ROPELIB_BACKEND"):  # on the CPU, unset picks the C loop
+        if watcher.endswith("unset"):
+            monkeypatch.delenv("ROPELIB_BACKEND")
+        else:
+            monkeypatch.setenv("ROPELIB_BACKEND", "eager")
         call(tensors)
         assert route == []
         return
