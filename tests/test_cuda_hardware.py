@@ -165,6 +165,37 @@ def test_the_backward_is_one_kernel():
     assert len(work) == 1 and "rope" in work[0], work
 
 
+def test_a_training_steps_rotations_are_replayed_with_the_backward_on_the_engines_thread(
+        monkeypatch):
+    """On a GPU the autograd engine runs the backward on a thread of its own: from the second
+    step on, the forward's rotation and the backward's inverse rotation are each replayed
+    there too, found by their guards (tests/test_replay.py checks it on the CPU route, where
+    the backward runs on the caller's thread), and x's gradient equals the whole path's bit
+    for bit."""
+    from ropelib import kernels, replay
+
+    x = torch.randn(4, 8, 64, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = generate_rope_embeddings(64, 128, device=CUDA)
+    grad = torch.randn_like(x)
+
+    def step() -> torch.Tensor:
+        x.grad = None
+        apply_rope(x, cos, sin, layout="half").backward(grad)
+        return x.grad
+
+    replay.clear()
+    whole, keys = [], []
+    for module, name, calls in ((kernels, "_run_backend", whole), (replay, "_key", keys)):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, calls=calls: (
+            calls.append(1) or real(*a)))
+    replayed = [step() for _ in range(3)][-1]
+    assert len(whole) == 2  # the first step's forward and backward
+    assert len(keys) == 2  # later ones are found by their recipes' guards
+    monkeypatch.setattr(replay, "ENABLED", False)
+    assert torch.equal(replayed, step())
+
+
 @pytest.mark.parametrize(("call", "message"), [
     ("apply_rope(x, cos, sin, offset=torch.tensor(8, device='cuda'))",
      "offset + row must be >= 0 and < the cos/sin table length"),
