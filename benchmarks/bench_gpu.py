@@ -897,7 +897,8 @@ def host_cases() -> dict:
     counts), on CPU tensors: the decode shapes of decode_table, (B, H, S, D) and (B, S, H, D)
     calls at a small shape, the registered operator as a compiled graph calls it, and a
     training step (forward + backward) beside its floor (``AutogradFloor``: an
-    autograd.Function that only allocates its output and its gradient)."""
+    autograd.Function that only allocates its output and its gradient), and one of q and
+    k together (an attention module's)."""
     from ropelib.book.bench import AutogradFloor
 
     hq, hk, d = *QK_HEADS, SHAPE[3]
@@ -912,10 +913,16 @@ def host_cases() -> dict:
     mrope = torch.randint(0, 8192, (DECODE_ROWS, 1, 3))
     q_prefill, k_prefill = torch.randn(1, hq, 64, d), torch.randn(1, hk, 64, d)
     trained, grad = torch.randn(2, 8, 64, d, requires_grad=True), torch.randn(2, 8, 64, d)
+    trained_k, grad_k = torch.randn(2, 2, 64, d, requires_grad=True), torch.randn(2, 2, 64, d)
 
     def train(forward):
         trained.grad = None
         forward().backward(grad)
+
+    def train_qk():
+        trained.grad = trained_k.grad = None
+        torch.autograd.backward(apply_rope_qk(trained, trained_k, cos[:64], sin[:64],
+                                              layout="half"), (grad, grad_k))
     return {
         "apply_rope_qk positions out= (decode)": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out)),
@@ -935,6 +942,7 @@ def host_cases() -> dict:
             lambda: apply_rope(trained, cos[:64], sin[:64], layout="half")),
         "forward + backward, floor (autograd.Function)": lambda: train(
             lambda: AutogradFloor.apply(trained)),
+        "forward + backward, apply_rope_qk (GQA 8/2)": train_qk,
     }
 
 

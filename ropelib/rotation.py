@@ -116,7 +116,7 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
-        if _eager_training_step(x, cos, sin):
+        if _eager_training_step(cos, sin, x):
             return _eager_rotation(x, cos, sin, layout, rd, False,
                                    kernels.settle(x, cos, coordinates, axes, pending), axes)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
@@ -205,6 +205,9 @@ def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
             return rotated[0], rotated[1]
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
+        if _eager_training_step(cos, sin, q, k):
+            return _eager_rotation_qk(q, k, cos, sin, layout, rd, False,
+                                      kernels.settle(q, cos, coordinates, axes, pending), axes)
         return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes,
                           pending)
@@ -720,11 +723,11 @@ torch.library.register_autograd("ropelib::rotate_qk", _qk_backward,
 torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)
 
 
-def _eager_training_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """The usual training step in eager mode: x records autograd, the tables are constants,
-    and nothing (compiler, tracer, dispatch mode) watches the call."""
-    return (torch.is_grad_enabled() and x.requires_grad and kernels.plain_call(cos, sin)
-            and kernels.plain_tensor(x))
+def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
+    """The usual training step in eager mode: x (or q or k) records autograd, the tables are
+    constants, and nothing (compiler, tracer, dispatch mode) watches the call."""
+    return (torch.is_grad_enabled() and True in [x.requires_grad for x in xs]
+            and kernels.plain_call(cos, sin) and all([kernels.plain_tensor(x) for x in xs]))
 
 
 class _EagerRotation(torch.autograd.Function):
@@ -748,10 +751,31 @@ class _EagerRotation(torch.autograd.Function):
         return _backward(ctx, grad)
 
 
-# ``_EagerRotation.apply`` without the Python layer of ``Function.apply``: that layer binds
+class _EagerRotationQK(torch.autograd.Function):
+    """``ropelib::rotate_qk`` with its registered formula (``_setup_qk_backward``,
+    ``_qk_backward``) as one autograd node, as ``_EagerRotation`` is for ``ropelib::rotate``:
+    a query and a key rotated in one launch each way, outside the operator's layers."""
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                layout: str, rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
+                axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        q_out, k_out = kernels.run_backend([q, k], [None, None], cos, sin, layout, rotary_dim,
+                                           inverse, positions, axes)
+        return q_out, k_out
+
+    setup_context = staticmethod(_setup_qk_backward)
+
+    @staticmethod
+    def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
+        return _qk_backward(ctx, grad_q, grad_k)
+
+
+# The nodes' ``apply`` without the Python layer of ``Function.apply``: that layer binds
 # default arguments with ``inspect.signature`` on every call (about 30 us, as much as the
 # rotation of a (1, 8, 512, 64) float32 tensor), unwraps torch.func wrappers left over
 # from a finished transform and hands calls under a transform to ``custom_function_call``.
 # None of it applies to an eager training step (``_eager_training_step``): every argument
 # is given, no transform is active and no tensor is a wrapper.
 _eager_rotation = super(torch.autograd.Function, _EagerRotation).apply
+_eager_rotation_qk = super(torch.autograd.Function, _EagerRotationQK).apply

@@ -275,6 +275,23 @@ def test_the_backward_is_one_launch_of_the_inverse_rotation(launches):
     assert cos.grad is None and sin.grad is None
 
 
+def test_the_backward_of_q_and_k_is_one_launch_of_the_inverse_rotation(launches):
+    """Training with apply_rope_qk (an attention module's step): one launch each way, into
+    the two new outputs and then the two new gradients, no table gradient and no copy."""
+    q = torch.randn(2, 4, 5, 16, requires_grad=True)
+    k = torch.randn(2, 2, 5, 16, requires_grad=True)
+    cos, sin = generate_rope_embeddings(5, 16)
+    grads = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    with Recorder() as forward:
+        q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout="half")
+    with Recorder() as backward:
+        torch.autograd.backward((q_rot, k_rot), grads)
+    assert [dict(launch.constexprs)["INVERSE"] for launch in launches] == [False, True]
+    for recorder in (forward, backward):
+        assert recorder.device_work() == [] and recorder.allocations() == 2
+    assert cos.grad is None and sin.grad is None
+
+
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_the_device_route_equals_float64(device_route, layout):
     """The same calls through Triton's interpreter: positions, a 0-d offset tensor (row s at

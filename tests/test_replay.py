@@ -722,6 +722,19 @@ def test_a_training_steps_rotations_are_replayed(route):
     assert back_pointers[:2] == (grad.data_ptr(), q.grad.data_ptr())
 
 
+def test_a_training_steps_rotation_of_q_and_k_is_replayed(route):
+    """apply_rope_qk in a training step (as an attention module makes it): from the second
+    step on, one replayed launch each way, for q and k together."""
+    for seed in range(3):
+        route.clear()
+        tensors = fresh(seed)
+        q, k = tensors["q"].requires_grad_(), tensors["k"].requires_grad_()
+        q_rot, k_rot = apply_rope_qk(q, k, tensors["cos"], tensors["sin"], layout="half")
+        torch.autograd.backward((q_rot, k_rot), (torch.randn_like(q), torch.randn_like(k)))
+    assert [(kind, dict(launch.constexprs)["INVERSE"]) for kind, launch, _ in route] == [
+        ("replay", False), ("replay", True)]
+
+
 def test_recipes_hold_no_tensor(route):
     """A recipe keeps numbers, dtypes and the launch, nothing of the call's tensors."""
     tensors = fresh(0)

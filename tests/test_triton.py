@@ -191,6 +191,45 @@ def test_query_and_key_gradients(device):
         torch.testing.assert_close(mine, separate, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("k_records", [True, False], ids=["q and k record", "only q records"])
+def test_query_and_key_gradients_with_constant_tables(device, layout, k_records):
+    """The usual training step (the tables constant, each row at its own positions): each
+    grad is the inverse rotation of its output's grad at those positions, against float64;
+    a k that records no autograd gets none, and the tables none."""
+    q = torch.randn(2, 4, 5, 12, device=device, requires_grad=True)
+    k = torch.randn(2, 2, 5, 12, device=device, requires_grad=k_records)
+    cos, sin = generate_rope_embeddings(9, 12, device=device)
+    positions = torch.randint(0, 9, (2, 5))
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions.to(device))
+    torch.autograd.backward((q_rot, k_rot), (grad_q, grad_k))
+    close(q.grad, reference(grad_q, positions[:, None, :], 12, layout, sign=-1.0),
+          torch.float32)
+    if k_records:
+        close(k.grad, reference(grad_k, positions[:, None, :], 12, layout, sign=-1.0),
+              torch.float32)
+    else:
+        assert k.grad is None
+    assert cos.grad is None and sin.grad is None
+
+
+def test_gradcheck_with_constant_tables(device):
+    """torch.autograd.gradcheck and gradgradcheck of apply_rope_qk with constant tables (the
+    training step's node; its double backward goes through the operator), in float32 as
+    ``test_gradcheck``."""
+    q = torch.randn(1, 2, 3, 8, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 3, 8, device=device, requires_grad=True)
+    cos, sin = generate_rope_embeddings(3, 8, device=device)
+
+    def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rope_qk(q, k, cos, sin, layout="half")
+
+    tolerance = {"eps": 1e-2, "atol": 2e-3, "rtol": 2e-3}
+    assert torch.autograd.gradcheck(rotated, (q, k), **tolerance)
+    assert torch.autograd.gradgradcheck(rotated, (q, k), **tolerance)
+
+
 def test_declined_calls_say_why(device, monkeypatch):
     """A forced backend that cannot take a call is an error naming the backend and the
     reason; without ROPELIB_BACKEND the same call goes to another backend."""
