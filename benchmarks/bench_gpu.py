@@ -577,7 +577,9 @@ def backward_table() -> None:
     """Forward + backward (the gradient of x, as in training) against two copies, with two
     floors of the same bytes: PyTorch's own autograd node (``torch.neg``: a kernel each way,
     no Python in the backward) and a Python one (``CopyNode``: what any
-    ``autograd.Function``, ropelib's included, pays around its two kernels)."""
+    ``autograd.Function``, ropelib's included, pays around its two kernels); and x as a
+    query with a 1-head key rotated together (``apply_rope_qk``, an attention module's
+    training step; Liger's row takes the same two)."""
     dtype = torch.bfloat16
     s, d = SHAPE[2], SHAPE[3]
     x = randn(*SHAPE, dtype=dtype).requires_grad_()
@@ -607,14 +609,19 @@ def backward_table() -> None:
         "HF eager": step(lambda: hf_apply(x, cos_full, sin_full)),
         "HF compiled": step(lambda: compiled(x, cos_full, sin_full)),
     }
-    if LIGER_ROPE is not None:  # Liger rotates q and k: here x as q, a 1-head k
-        k = randn(SHAPE[0], 1, s, d, dtype=dtype).requires_grad_()
+    k = randn(SHAPE[0], 1, s, d, dtype=dtype).requires_grad_()  # x as q, a 1-head k
 
-        def liger():
-            x.grad = None
-            q_rot, _ = LIGER_ROPE(x, k, cos_full[None], sin_full[None])
+    def with_key(rotate_qk):
+        def run():
+            x.grad = k.grad = None
+            q_rot, _ = rotate_qk(x, k)
             q_rot.backward(grad)
-        cases["Liger rope (q + a 1-head k)"] = liger
+        return run
+    cases["ropelib apply_rope_qk (q + a 1-head k)"] = with_key(
+        lambda q, k: apply_rope_qk(q, k, cos, sin, layout="half"))
+    if LIGER_ROPE is not None:  # Liger rotates q and k
+        cases["Liger rope (q + a 1-head k)"] = with_key(
+            lambda q, k: LIGER_ROPE(q, k, cos_full[None], sin_full[None]))
     if FLASH_ROTARY is not None:
         xs = x.transpose(1, 2)
         cases["flash-attn apply_rotary"] = step(lambda: FLASH_ROTARY(
