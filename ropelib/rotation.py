@@ -117,8 +117,7 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(cos, sin, x):
-            return _eager_rotation(x, cos, sin, layout, rd, False,
-                                   kernels.settle(x, cos, coordinates, axes, pending), axes)
+            return _eager_rotation(x, cos, sin, layout, rd, False, coordinates, axes, pending)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
     return out
@@ -206,8 +205,8 @@ def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
         if _eager_training_step(cos, sin, q, k):
-            return _eager_rotation_qk(q, k, cos, sin, layout, rd, False,
-                                      kernels.settle(q, cos, coordinates, axes, pending), axes)
+            return _eager_rotation_qk(q, k, cos, sin, layout, rd, False, coordinates, axes,
+                                      pending)
         return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes,
                           pending)
@@ -640,11 +639,13 @@ def _transformed() -> bool:
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
-    training step."""
-    x, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs
+    training step. ``inputs``: the operator's, or ``_EagerRotation``'s, whose last is what
+    its coordinates leave ``pending`` (the backward's launch checks them again)."""
+    x, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:8]
     tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     ctx.save_for_backward(x if tables_need_grad else None, cos, sin, positions, axes)
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
+    ctx.pending = inputs[8] if len(inputs) > 8 else None
 
 
 def _backward(ctx, grad: torch.Tensor) -> tuple:
@@ -656,7 +657,7 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
         grad_x = kernels.rotate(_channels_contiguous(grad), cos, sin, layout, rd, not inverse,
-                                positions, axes)
+                                positions, axes, ctx.pending)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         grad_cos, grad_sin = _table_grads(ctx, x, grad, cos, sin, positions, axes)
     return grad_x, grad_cos, grad_sin, None, None, None, None, None
@@ -692,11 +693,12 @@ def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
 def _setup_qk_backward(ctx, inputs: tuple, output: tuple) -> None:
     """``_setup_backward`` for ``ropelib::rotate_qk``: q and k are saved only when the grads
     of the tables need them."""
-    q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs
+    q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:9]
     tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
                           cos, sin, positions, axes)
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
+    ctx.pending = inputs[9] if len(inputs) > 9 else None
 
 
 def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
@@ -708,7 +710,7 @@ def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
         grads[0], grads[1] = kernels.rotate_qk(
             _channels_contiguous(grad_q), _channels_contiguous(grad_k), cos, sin, layout, rd,
-            not inverse, positions, axes)
+            not inverse, positions, axes, ctx.pending)
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
         from_q = _table_grads(ctx, q, grad_q, cos, sin, positions, axes)
         from_k = _table_grads(ctx, k, grad_k, cos, sin, positions, axes)
@@ -735,20 +737,22 @@ class _EagerRotation(torch.autograd.Function):
     as one autograd node that runs the implementation directly, without the operator's
     dispatcher and generated autograd layers (about 100 us per forward+backward at small
     shapes, more than the rotation). Only for eager calls (``_eager_training_step``):
-    compiled, exported and traced code sees the operator itself."""
+    compiled, exported and traced code sees the operator itself. Its coordinates may still
+    be ``pending`` (``kernels.Pending``): on a GPU, the kernel's launch each way checks them
+    (no operation of their own, as in a call without autograd)."""
 
     @staticmethod
     def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                 rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
-                axes: torch.Tensor | None) -> torch.Tensor:
+                axes: torch.Tensor | None, pending: kernels.Pending | None) -> torch.Tensor:
         return kernels.rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions,
-                                    axes)
+                                    axes, pending)
 
     setup_context = staticmethod(_setup_backward)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:
-        return _backward(ctx, grad)
+        return *_backward(ctx, grad), None
 
 
 class _EagerRotationQK(torch.autograd.Function):
@@ -759,16 +763,17 @@ class _EagerRotationQK(torch.autograd.Function):
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 layout: str, rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
-                axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                axes: torch.Tensor | None, pending: kernels.Pending | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         q_out, k_out = kernels.run_backend([q, k], [None, None], cos, sin, layout, rotary_dim,
-                                           inverse, positions, axes)
+                                           inverse, positions, axes, pending)
         return q_out, k_out
 
     setup_context = staticmethod(_setup_qk_backward)
 
     @staticmethod
     def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
-        return _qk_backward(ctx, grad_q, grad_k)
+        return *_qk_backward(ctx, grad_q, grad_k), None
 
 
 # The nodes' ``apply`` without the Python layer of ``Function.apply``: that layer binds

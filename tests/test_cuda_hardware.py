@@ -156,13 +156,28 @@ def test_a_bshd_view_keeps_its_layout_and_attention_copies_nothing():
     assert sorted(name for name in rotated if "rope" not in name) == sorted(plain), rotated
 
 
-def test_the_backward_is_one_kernel():
-    x = torch.randn(4, 32, 512, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+@pytest.mark.parametrize("rotate", ["apply_rope", "apply_rope_qk at positions"])
+def test_a_training_step_is_one_kernel_each_way(rotate):
+    """Forward and backward of a training step each run one kernel: for q and k at each
+    row's positions too (their range checked inside both launches)."""
+    xs = [torch.randn(4, 32, 512, 128, device=CUDA, dtype=torch.bfloat16,
+                      requires_grad=True)]
     cos, sin = generate_rope_embeddings(512, 128, device=CUDA)
-    grad = torch.randn_like(x)
-    y = apply_rope(x, cos, sin, layout="half")
-    work = device_work(lambda: torch.autograd.grad(y, x, grad, retain_graph=True))
-    assert len(work) == 1 and "rope" in work[0], work
+    if rotate == "apply_rope":
+        def forward() -> tuple[torch.Tensor, ...]:
+            return (apply_rope(xs[0], cos, sin, layout="half"),)
+    else:
+        xs.append(torch.randn(4, 8, 512, 128, device=CUDA, dtype=torch.bfloat16,
+                              requires_grad=True))
+        positions = torch.randint(0, 512, (4, 512), device=CUDA)
+
+        def forward() -> tuple[torch.Tensor, ...]:
+            return apply_rope_qk(*xs, cos, sin, layout="half", positions=positions)
+    grads = [torch.randn_like(x) for x in xs]
+    outputs = forward()
+    for work in (device_work(forward), device_work(
+            lambda: torch.autograd.grad(outputs, xs, grads, retain_graph=True))):
+        assert len(work) == 1 and "rope" in work[0], work
 
 
 def test_a_training_steps_rotations_are_replayed_with_the_backward_on_the_engines_thread(

@@ -259,37 +259,71 @@ def test_a_strided_view_takes_the_same_route(launches, storage):
         assert recorder.allocations() == new
 
 
-def test_the_backward_is_one_launch_of_the_inverse_rotation(launches):
-    """Training: the backward of apply_rope is one launch (INVERSE) into one new gradient
-    buffer, no table gradient and no copy (item 2); the forward, one launch too."""
-    x = torch.randn(2, 4, 5, 16, requires_grad=True)
-    cos, sin = generate_rope_embeddings(5, 16)
-    grad = torch.randn(2, 4, 5, 16)
-    with Recorder() as forward:
-        y = apply_rope(x, cos, sin, layout="half")
-    with Recorder() as backward:
-        y.backward(grad)
-    assert [dict(launch.constexprs)["INVERSE"] for launch in launches] == [False, True]
-    for recorder in (forward, backward):
-        assert recorder.device_work() == [] and recorder.allocations() == 1
-    assert cos.grad is None and sin.grad is None
+AXES = torch.tensor([0, 1, 1, 2, 0, 1, 2, 2])
+TRAINED = {  # name: (the call's keywords, (seq, pairs) or (batch, 1, seq, pairs) angles of
+    # 16 channels' pairs for its 5 rows in a 12-row table, constexprs both launches have)
+    "rows": ({}, angles(torch.arange(5), thetas(16)), {"CHECK": False}),
+    "positions": ({"positions": torch.tensor([[3, 0, 11, 7, 7], [1, 2, 9, 4, 10]])},
+                  angles(torch.tensor([[3, 0, 11, 7, 7], [1, 2, 9, 4, 10]]), thetas(16))[
+                      :, None], {"CHECK": True}),
+    "0-d offset": ({"offset": torch.tensor(7)}, angles(torch.arange(7, 12), thetas(16)),
+                   {"STEP": True, "CHECK": True}),
+    "repeat_last": ({"positions": torch.tensor([3, 11, 12, 40, 0]),
+                     "short_table": "repeat_last"},
+                    angles(torch.tensor([3, 11, 11, 11, 0]), thetas(16)), {"CLAMP": True}),
+    "M-RoPE axes": ({"positions": torch.tensor([[0, 4, 9], [1, 4, 9], [2, 5, 9], [3, 5, 10],
+                                                [11, 6, 10]]), "axes": AXES},
+                    torch.tensor([[0, 4, 9], [1, 4, 9], [2, 5, 9], [3, 5, 10], [11, 6, 10]]
+                                 ).to(F64)[:, AXES] * thetas(16), {"MODE": 2, "CHECK": True}),
+}
 
 
-def test_the_backward_of_q_and_k_is_one_launch_of_the_inverse_rotation(launches):
-    """Training with apply_rope_qk (an attention module's step): one launch each way, into
-    the two new outputs and then the two new gradients, no table gradient and no copy."""
-    q = torch.randn(2, 4, 5, 16, requires_grad=True)
-    k = torch.randn(2, 2, 5, 16, requires_grad=True)
-    cos, sin = generate_rope_embeddings(5, 16)
-    grads = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+def trained(rotate: str, where: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list]:
+    """A training step's inputs (x, or q and k, recording autograd), their grads to come and
+    the forward: ``rotate`` is ``apply_rope`` or ``apply_rope_qk``."""
+    xs = [torch.randn(2, 4, 5, 16, requires_grad=True)]
+    if rotate == "apply_rope_qk":
+        xs.append(torch.randn(2, 2, 5, 16, requires_grad=True))
+    cos, sin = generate_rope_embeddings(12, 16)
+    grads = [torch.randn(x.shape) for x in xs]
+    if rotate == "apply_rope":
+        return xs, grads, lambda: [apply_rope(xs[0], cos, sin, layout="half", **where)]
+    return xs, grads, lambda: list(apply_rope_qk(*xs, cos, sin, layout="half", **where))
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+@pytest.mark.parametrize("rotate", ["apply_rope", "apply_rope_qk"])
+def test_a_training_step_is_one_launch_each_way(launches, rotate, name):
+    """Training (for apply_rope_qk, an attention module's step): the forward is one launch
+    into the new outputs, the backward one launch of the inverse rotation into the new
+    gradients, with positions, a 0-d offset, repeat_last and M-RoPE too: the coordinates'
+    range is checked (and clamped, and a 0-d offset spelled out) inside both launches, as
+    in a call without autograd; no table gradient, no copy, no other operation (item 2)."""
+    xs, grads, forward_call = trained(rotate, TRAINED[name][0])
     with Recorder() as forward:
-        q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout="half")
+        outputs = forward_call()
     with Recorder() as backward:
-        torch.autograd.backward((q_rot, k_rot), grads)
+        torch.autograd.backward(outputs, grads)
     assert [dict(launch.constexprs)["INVERSE"] for launch in launches] == [False, True]
+    for launch in launches:
+        constexprs = dict(launch.constexprs)
+        assert {key: constexprs[key] for key in TRAINED[name][2]} == TRAINED[name][2]
     for recorder in (forward, backward):
-        assert recorder.device_work() == [] and recorder.allocations() == 2
-    assert cos.grad is None and sin.grad is None
+        assert recorder.device_work() == [] and recorder.allocations() == len(xs)
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+@pytest.mark.parametrize("rotate", ["apply_rope", "apply_rope_qk"])
+def test_a_training_steps_gradients_on_the_device_route_equal_float64(device_route, rotate,
+                                                                      name):
+    """The same steps through Triton's interpreter: each gradient is its output's gradient
+    rotated back by each row's angles (R_Theta^T = R_{-Theta}), against float64."""
+    xs, grads, forward_call = trained(rotate, TRAINED[name][0])
+    torch.autograd.backward(forward_call(), grads)
+    for x, grad in zip(xs, grads, strict=True):
+        torch.testing.assert_close(x.grad.to(F64), rope_by_pairs(grad, -TRAINED[name][1],
+                                                                 "half"),
+                                   rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
@@ -363,12 +397,14 @@ def assertions_on(device_route, monkeypatch):
                                 axes=torch.tensor([0, 1, 2, 0, 1, 0, 1, 0])),
      "axes must be in \\[0, k\\)"),
 ], ids=["past the table", "negative, repeat_last", "offset past the table", "axis"])
-def test_the_kernel_names_what_is_out_of_range(assertions_on, call, message):
+@pytest.mark.parametrize("trains", [False, True], ids=["no grad", "training"])
+def test_the_kernel_names_what_is_out_of_range(assertions_on, call, message, trains):
     """The range checks left to the kernel fail by name (on a GPU: a device-side assertion
-    with this message, then an error at the next synchronization)."""
+    with this message, then an error at the next synchronization), also in a training
+    step's forward."""
     cos, sin = generate_rope_embeddings(12, 16)
     with pytest.raises(interpreter.InterpreterError, match=message):
-        call(torch.randn(2, 4, 5, 16), cos, sin)
+        call(torch.randn(2, 4, 5, 16, requires_grad=trains), cos, sin)
 
 
 def test_a_compiled_module_slices_its_tables_instead_of_computing_rows():
