@@ -326,6 +326,20 @@ def test_a_training_steps_gradients_on_the_device_route_equal_float64(device_rou
                                    rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["positions", "offset"], ids=["positions", "0-d offset"])
+def test_coordinates_changed_before_the_backward_are_an_error(device_route, name):
+    """A training step keeps the coordinates it was given for its backward (no copy): ones
+    changed in place before the backward stop it with autograd's error, never a gradient
+    at other positions."""
+    where = {name: torch.arange(5) if name == "positions" else torch.tensor(3)}
+    x = torch.randn(2, 4, 5, 16, requires_grad=True)
+    cos, sin = generate_rope_embeddings(12, 16)
+    y = apply_rope(x, cos, sin, **where)
+    where[name] += 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(torch.randn_like(y))
+
+
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_the_device_route_equals_float64(device_route, layout):
     """The same calls through Triton's interpreter: positions, a 0-d offset tensor (row s at
