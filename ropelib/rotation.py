@@ -725,11 +725,13 @@ torch.library.register_autograd("ropelib::rotate_qk", _qk_backward,
 torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)
 
 
-def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
+def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
+                         k: torch.Tensor | None = None) -> bool:
     """The usual training step in eager mode: x (or q or k) records autograd, the tables are
     constants, and nothing (compiler, tracer, dispatch mode) watches the call."""
-    return (torch.is_grad_enabled() and True in [x.requires_grad for x in xs]
-            and kernels.plain_call(cos, sin) and all([kernels.plain_tensor(x) for x in xs]))
+    return (torch.is_grad_enabled() and (x.requires_grad or k is not None and k.requires_grad)
+            and kernels.plain_call(cos, sin) and kernels.plain_tensor(x)
+            and (k is None or kernels.plain_tensor(k)))
 
 
 class _EagerRotation(torch.autograd.Function):
