@@ -326,6 +326,24 @@ def test_a_training_steps_gradients_on_the_device_route_equal_float64(device_rou
                                    rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", list(TRAINED))
+def test_a_training_steps_double_backward_on_the_device_route_equals_float64(device_route,
+                                                                          name):
+    """With ``create_graph=True`` the gradient R_Theta^T g is itself differentiable (through
+    the operator, its pending coordinates made plain first): its derivative along v is
+    R_Theta v, against float64."""
+    where, table, _ = TRAINED[name]
+    x = torch.randn(2, 4, 5, 16, requires_grad=True)
+    cos, sin = generate_rope_embeddings(12, 16)
+    grad = torch.randn(2, 4, 5, 16, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(apply_rope(x, cos, sin, layout="half", **where), x, grad,
+                                    create_graph=True)
+    v = torch.randn(2, 4, 5, 16)
+    (along,) = torch.autograd.grad(grad_x, grad, v)
+    torch.testing.assert_close(along.to(F64), rope_by_pairs(v, table, "half"), rtol=2e-6,
+                               atol=2e-6)
+
+
 @pytest.mark.parametrize("name", ["positions", "offset"], ids=["positions", "0-d offset"])
 def test_coordinates_changed_before_the_backward_are_an_error(device_route, name):
     """A training step keeps the coordinates it was given for its backward (no copy): ones
