@@ -25,10 +25,11 @@ The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
 ``torch.library.custom_op`` and a fake implementation, so ``torch.compile``, ``torch.export``
 and ``torch.jit.trace`` see one opaque node whose shape they know. For plain tensors in eager
 mode that need no gradient, ``rotate`` and its siblings call the implementation directly
-(``plain_call``). The autograd formulas are registered by ``ropelib.rotation``;
-``eager.rotate_composite`` is the same rotation in differentiable PyTorch operations, for
-``torch.func`` transforms and forward-mode AD, which must not hand a kernel their wrapped
-tensors.
+(``plain_call``). The autograd formulas are registered by ``ropelib.rotation``, which also
+runs an eager training step (plain tensors, constant tables) as one autograd node with the
+same formula, outside the operators' layers; ``eager.rotate_composite`` is the same
+rotation in differentiable PyTorch operations, for ``torch.func`` transforms and
+forward-mode AD, which must not hand a kernel their wrapped tensors.
 """
 
 from __future__ import annotations
