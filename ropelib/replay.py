@@ -49,10 +49,11 @@ try:  # private; without it every call makes its key
 except ImportError:
     TensorGuards = None
 
-try:  # os.environ's own dict and key (private): os.environ.get takes 0.3-0.7 us a call
-    _ENVIRON, _BACKEND_KEY = os.environ._data, os.environ.encodekey("ROPELIB_BACKEND")
+_ENVIRON = os.environ  # and its own dict and key (private): os.environ.get takes 0.3-0.7 us
+try:
+    _ENVIRON_DATA, _BACKEND_KEY = _ENVIRON._data, _ENVIRON.encodekey("ROPELIB_BACKEND")
 except AttributeError:
-    _ENVIRON, _BACKEND_KEY = os.environ, "ROPELIB_BACKEND"
+    _ENVIRON_DATA, _BACKEND_KEY = _ENVIRON, "ROPELIB_BACKEND"
 
 ENABLED = True
 MAX_RECIPES = 1024
@@ -330,8 +331,10 @@ def _context(first: torch.Tensor) -> tuple:
     ``os.environ`` holds it), inference mode, the current CUDA device and the thread's
     ``_exclusions``."""
     inference = torch.is_inference_mode_enabled()
-    return (torch.is_grad_enabled(), _ENVIRON.get(_BACKEND_KEY), inference,
-            _current_device(first), _exclusions(inference))
+    backend = (_ENVIRON_DATA.get(_BACKEND_KEY) if os.environ is _ENVIRON  # not replaced
+               else os.environ.get("ROPELIB_BACKEND"))
+    return (torch.is_grad_enabled(), backend, inference, _current_device(first),
+            _exclusions(inference))
 
 
 def _on_gpu(x: torch.Tensor) -> bool:

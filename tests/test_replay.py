@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import random
 import threading
 import weakref
@@ -609,12 +610,13 @@ class Watcher(TorchDispatchMode):
 
 @pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode",
                                      "compiler", "ROPELIB_BACKEND=eager",
-                                     "ROPELIB_BACKEND unset", "kept wrapper"])
+                                     "ROPELIB_BACKEND unset", "os.environ replaced",
+                                     "kept wrapper"])
 def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
     """Where anybody could see a difference (autograd recording, a dispatch or function
     mode, a compiler tracing the call), the backend is another (``ROPELIB_BACKEND`` set to
-    another or unset), or x is a ``torch.func`` wrapper kept from a finished transform (no
-    storage of its own), the whole path runs."""
+    another or unset, also in an ``os.environ`` replaced by a dict), or x is a ``torch.func``
+    wrapper kept from a finished transform (no storage of its own), the whole path runs."""
     call = CASES["rope rows"][0]
     call(fresh(0))
     route.clear()
@@ -634,9 +636,11 @@ def test_a_watched_call_is_not_replayed(route, monkeypatch, watcher):
         return
     if watcher == "compiler":
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    if watcher.startswith("ROPELIB_BACKEND"):  # on the CPU, unset picks the C loop
+    if "ROPELIB_BACKEND" in watcher or "environ" in watcher:  # unset: the C loop (CPU)
         if watcher.endswith("unset"):
             monkeypatch.delenv("ROPELIB_BACKEND")
+        elif watcher.endswith("replaced"):
+            monkeypatch.setattr(os, "environ", {**os.environ, "ROPELIB_BACKEND": "eager"})
         else:
             monkeypatch.setenv("ROPELIB_BACKEND", "eager")
         call(tensors)
