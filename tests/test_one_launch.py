@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -260,25 +261,25 @@ def test_a_strided_view_takes_the_same_route(launches, storage):
 
 
 AXES = torch.tensor([0, 1, 1, 2, 0, 1, 2, 2])
-TRAINED = {  # name: (the call's keywords, (seq, pairs) or (batch, 1, seq, pairs) angles of
-    # 16 channels' pairs for its 5 rows in a 12-row table, constexprs both launches have)
+ROWS_AT = torch.tensor([[3, 0, 11, 7, 7], [1, 2, 9, 4, 10]])  # (batch, seq) in a 12-row table
+TOKENS_AT = torch.tensor([[0, 4, 9], [1, 4, 9], [2, 5, 9], [3, 5, 10], [11, 6, 10]])  # (t, h, w)
+TRAINED = {  # name: (the call's keywords, the angles of its 5 rows' 8 pairs, (seq, pairs) or
+    # (batch, 1, seq, pairs), and constexprs both launches have)
     "rows": ({}, angles(torch.arange(5), thetas(16)), {"CHECK": False}),
-    "positions": ({"positions": torch.tensor([[3, 0, 11, 7, 7], [1, 2, 9, 4, 10]])},
-                  angles(torch.tensor([[3, 0, 11, 7, 7], [1, 2, 9, 4, 10]]), thetas(16))[
-                      :, None], {"CHECK": True}),
+    "positions": ({"positions": ROWS_AT}, angles(ROWS_AT, thetas(16))[:, None],
+                  {"CHECK": True}),
     "0-d offset": ({"offset": torch.tensor(7)}, angles(torch.arange(7, 12), thetas(16)),
                    {"STEP": True, "CHECK": True}),
     "repeat_last": ({"positions": torch.tensor([3, 11, 12, 40, 0]),
                      "short_table": "repeat_last"},
                     angles(torch.tensor([3, 11, 11, 11, 0]), thetas(16)), {"CLAMP": True}),
-    "M-RoPE axes": ({"positions": torch.tensor([[0, 4, 9], [1, 4, 9], [2, 5, 9], [3, 5, 10],
-                                                [11, 6, 10]]), "axes": AXES},
-                    torch.tensor([[0, 4, 9], [1, 4, 9], [2, 5, 9], [3, 5, 10], [11, 6, 10]]
-                                 ).to(F64)[:, AXES] * thetas(16), {"MODE": 2, "CHECK": True}),
+    "M-RoPE axes": ({"positions": TOKENS_AT, "axes": AXES},
+                    TOKENS_AT.to(F64)[:, AXES] * thetas(16), {"MODE": 2, "CHECK": True}),
 }
 
 
-def trained(rotate: str, where: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list]:
+def trained(rotate: str, where: dict) -> tuple[list[torch.Tensor], list[torch.Tensor],
+                                               Callable[[], list[torch.Tensor]]]:
     """A training step's inputs (x, or q and k, recording autograd), their grads to come and
     the forward: ``rotate`` is ``apply_rope`` or ``apply_rope_qk``."""
     xs = [torch.randn(2, 4, 5, 16, requires_grad=True)]

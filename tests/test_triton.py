@@ -195,8 +195,8 @@ def test_query_and_key_gradients(device):
 @pytest.mark.parametrize("k_records", [True, False], ids=["q and k record", "only q records"])
 def test_query_and_key_gradients_with_constant_tables(device, layout, k_records):
     """The usual training step (the tables constant, each row at its own positions): each
-    grad is the inverse rotation of its output's grad at those positions, against float64;
-    a k that records no autograd gets none, and the tables none."""
+    grad is the inverse rotation of its output's grad at those positions, against float64,
+    also q's where k records no autograd."""
     q = torch.randn(2, 4, 5, 12, device=device, requires_grad=True)
     k = torch.randn(2, 2, 5, 12, device=device, requires_grad=k_records)
     cos, sin = generate_rope_embeddings(9, 12, device=device)
@@ -209,9 +209,6 @@ def test_query_and_key_gradients_with_constant_tables(device, layout, k_records)
     if k_records:
         close(k.grad, reference(grad_k, positions[:, None, :], 12, layout, sign=-1.0),
               torch.float32)
-    else:
-        assert k.grad is None
-    assert cos.grad is None and sin.grad is None
 
 
 def test_gradcheck_with_constant_tables(device):
