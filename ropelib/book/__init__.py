@@ -14,6 +14,8 @@
   counts; ``ropelib.book.gpu_runs``: its GPU timings, live, stored (with the kernels' source
   hash) or from the H200 runs made before it existed; ``ropelib.book.capture``: the host reads
   that stop a CUDA graph capture.
+- ``ropelib.book.matrix``: ``rotary_matrix``, the explicit block-diagonal R_{Theta,m} the
+  chapters reason with.
 - ``ropelib.book.contents``: counts read from the chapters (the preface's number of bugs).
 
 ``import ropelib`` does not import this package; the core never imports it.
