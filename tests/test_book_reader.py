@@ -235,17 +235,26 @@ MACHINERY = re.compile(
     r"|hide-input|remove-input|remove-cell|source_hidden"
     r"|\bformats? (?:these|the|its) numbers\b|\bnumbers? (?:quoted|formatted) (?:next|below)\b",
     re.IGNORECASE)
+# How the book keeps itself honest is told once, in the preface's last paragraph: no other
+# page's prose speaks of its asserts, its build or tests, runs, commits or stored results.
+HONESTY = re.compile(
+    r"\(asserted\)|\bassert(?:s|ed|ions?)?\b|\bwhen the book is (?:built|executed|run)\b"
+    r"|\bthe (?:book'?s? )?(?:build|tests)\b|\bthis page'?s? (?:tests|code|run)\b"
+    r"|\brun \d+\b|\bcommit(?:s|ted)?\b|\bresults? files?\b|\bstored (?:runs?|files?|results?)\b"
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b",
+    re.IGNORECASE)
 HIDING = {"hide-input", "remove-input", "remove-cell", "solution"}
 
 
-def machinery_phrases(notebook) -> list[str]:
+def machinery_phrases(notebook, honesty: bool = True) -> list[str]:
     """The sentences of a notebook's prose, and the lines of its code shown in the HTML,
-    that talk about the build machinery."""
+    that talk about the build machinery; with ``honesty``, also the sentences that speak of
+    the book's checks (all pages but the preface)."""
     found = []
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type == "markdown":
             for sentence in re.split(r"(?<=[.;:!?])\s+", cell.source):
-                if MACHINERY.search(sentence):
+                if MACHINERY.search(sentence) or honesty and HONESTY.search(sentence):
                     found.append(f"cell {index}: {' '.join(sentence.split())[:120]}")
         elif cell.cell_type == "code" and not HIDING & set(cell.metadata.get("tags", [])):
             found += [f"cell {index} (code): {line.strip()}"
@@ -262,10 +271,14 @@ def test_the_machinery_check_finds_what_it_looks_for():
                                       "The code below checks it."),
         nbformat.v4.new_code_cell("# nbval compares this output\nx = 1"),
         nbformat.v4.new_code_cell("# nbval: hidden from the HTML"),
-        nbformat.v4.new_markdown_cell("The hidden cell below checks it; the next cell too.")]
+        nbformat.v4.new_markdown_cell("The hidden cell below checks it; the next cell too."),
+        nbformat.v4.new_markdown_cell("The angle is exact (asserted). Run 4 of 3f2a9c1 said "
+                                      "so. The book's tests check it. A rotation is exact.")]
     notebook.cells[2].metadata["tags"] = ["remove-cell"]
     found = machinery_phrases(notebook)
     assert [line.split(":")[0] for line in found] == [
+        "cell 0", "cell 1 (code)", "cell 3", "cell 3", "cell 4", "cell 4", "cell 4"]
+    assert [line.split(":")[0] for line in machinery_phrases(notebook, honesty=False)] == [
         "cell 0", "cell 1 (code)", "cell 3", "cell 3"]
 
 
@@ -275,7 +288,8 @@ def test_prose_says_nothing_about_the_build_machinery(path):
     the code it shows: the reader sees neither the cells' tags nor the tests."""
     import nbformat
 
-    found = machinery_phrases(nbformat.read(path, as_version=4))
+    found = machinery_phrases(nbformat.read(path, as_version=4),
+                              honesty=path.stem != "00_preface")
     assert not found, f"{path.name}: " + " | ".join(found)
 
 
