@@ -84,3 +84,23 @@ def test_similarity_marks_the_closest_pair():
     draw_distance_similarity(ax, gaps, {"one": np.cos(gaps)}, closest=(710, np.cos(710)))
     (dot,) = by_gid(fig, "closest")
     assert list(dot.get_xdata()) == [710] and dot.get_ydata()[0] == pytest.approx(1.0, abs=1e-8)
+
+
+def test_similarity_of_a_fast_series_draws_dots_and_its_curve_in_an_inset():
+    """One frequency turns every 2 pi gaps: thousands of turns as a line fill the panel (a
+    solid block), so with ``zoom`` the panel shows dots and an inset the curve itself."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    gaps = np.arange(1, 4097)
+    (dots,) = draw_distance_similarity(ax, gaps, {"one": np.cos(gaps)}, zoom=40)
+    assert dots.get_linestyle() == "None" and dots.get_marker() == "."
+    np.testing.assert_array_equal(dots.get_ydata(), np.cos(gaps))
+    (inset,) = [child for child in ax.child_axes if child.get_gid() == "zoom"]
+    (curve,) = inset.get_lines()
+    assert curve.get_linestyle() == "-"
+    np.testing.assert_array_equal(curve.get_xdata(), np.arange(1, 41))
+    np.testing.assert_array_equal(curve.get_ydata(), np.cos(np.arange(1, 41)))
+    assert curve.get_color() == dots.get_color()
+    for bad in (0.5, float("nan")):
+        with pytest.raises(ValueError, match="zoom"):
+            draw_distance_similarity(ax, gaps, {"one": np.cos(gaps)}, zoom=bad)

@@ -114,7 +114,8 @@ def draw_wavelength_slider(fig: Figure, log10_base: float, head_dim: int, *,
 
 def draw_distance_similarity(ax: Axes, gaps: Sequence[float],
                              similarities: Mapping[str, Sequence[float]], *,
-                             closest: tuple[float, float] | None = None) -> list[Line2D]:
+                             closest: tuple[float, float] | None = None,
+                             zoom: float | None = None) -> list[Line2D]:
     """Cosine similarity of two distances' rotation angles against their gap.
 
     Args:
@@ -123,24 +124,47 @@ def draw_distance_similarity(ax: Axes, gaps: Sequence[float],
         similarities: ``{label: similarity at each gap}``.
         closest: an optional ``(gap, similarity)`` marked with a red dot (the most alike
             pair, :func:`ropelib.analysis.most_similar_distances`).
+        zoom: for a series that turns faster than the panel can draw (one frequency: a turn
+            every 2 pi gaps), the largest gap of an inset (gid ``"zoom"``) that draws the
+            curve as a line; the main panel then draws each gap's value as a dot, so that
+            thousands of turns read as samples, not as a filled block.
 
     Returns:
         One line per series, in the mapping's order.
     """
     x = np.asarray(gaps, dtype=np.float64)
-    lines = []
+    if zoom is not None and not (math.isfinite(zoom) and zoom > x.min()):
+        raise ValueError(f"zoom must be a gap above the smallest one ({x.min():g}), "
+                         f"got {zoom!r}")
+    lines, series = [], []
     for j, (label, values) in enumerate(similarities.items()):
         y = np.asarray(values, dtype=np.float64)
         if y.shape != x.shape:
             raise ValueError(f"similarities[{label!r}] must have one value per gap "
                              f"({x.shape}), got shape {y.shape}")
-        (line,) = ax.plot(x, y, lw=0.8, linestyle=_STYLES[j % len(_STYLES)], label=label)
+        style = _STYLES[j % len(_STYLES)]
+        if zoom is None:
+            (line,) = ax.plot(x, y, lw=0.8, linestyle=style, label=label)
+        else:
+            (line,) = ax.plot(x, y, ".", ms=1.0, alpha=0.6, label=label)
         lines.append(line)
+        series.append((y, style, line.get_color()))
+    if zoom is not None:
+        inset = ax.inset_axes((0.32, 0.24, 0.3, 0.45))
+        inset.set_gid("zoom")
+        near = x <= zoom
+        for y, style, color in series:
+            inset.plot(x[near], y[near], lw=0.8, linestyle=style, color=color, marker=".",
+                       ms=2.0)
+        inset.set_ylim(-1.1, 1.1)
+        inset.set_yticks([-1, 0, 1])
+        inset.tick_params(labelsize="small")
+        inset.set_title(f"gaps up to {zoom:g}", fontsize="small")
     if closest is not None:
         ax.plot([closest[0]], [closest[1]], "o", color="tab:red", ms=6, gid="closest")
     ax.axhline(1.0, color="0.6", lw=0.6, ls=":")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("gap between the two distances")
     ax.set_ylabel("cosine similarity")
-    ax.legend(fontsize="small", loc="lower right")
+    ax.legend(fontsize="small", loc="lower right", markerscale=1 if zoom is None else 6)
     return lines
