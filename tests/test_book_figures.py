@@ -26,7 +26,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from figure_numbers import appendix_letters, renumber
 from PIL import Image
 from test_book_offline import DESKTOP, PHONE, built_pages, offline_tab, toc_pages
 
@@ -218,6 +217,8 @@ def test_unnumbered_pages_number_their_own_figures():
     """book/_ext/figure_numbers.py: Sphinx's one counter for every unnumbered page gave the
     appendix "Fig. 2" and "Fig. 3" after the landing page's figure 1; each such page counts
     from 1, an appendix after its letter, and the chapters keep their numbers."""
+    from figure_numbers import appendix_letters, renumber
+
     parts = [{"caption": "Part I", "files": ["book/01_why_positions"]},
              {"caption": "Appendix", "files": ["book/appendix_a", "book/appendix_b"]}]
     letters = appendix_letters(parts)
