@@ -12,6 +12,10 @@ At a desktop window (1400 x 1000 px) in headless Chromium, for each figure of ea
   ``pt * dpi / 72`` pixels of the PNG (the dpi read from the PNG itself), scaled by the
   page as the image is (shown width / PNG width), no smaller than the page's figure
   captions (and at least ``FONT_SHARE`` of the body text).
+
+And on every page of the build, at a desktop's width (1280 px) and a phone's (390 px), with
+every dropdown open: each image is shown at its PNG's aspect ratio (width / height within
+``ASPECT_TOLERANCE``), however far the column scales it down.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 from PIL import Image
-from test_book_offline import offline_tab, toc_pages
+from test_book_offline import DESKTOP, PHONE, built_pages, offline_tab, toc_pages
 
 from ropelib.viz import style
 
@@ -143,3 +147,97 @@ def test_the_check_finds_a_narrow_blurry_figure_and_small_text(tmp_path):
     page["figures"] = [{"src": dense.as_uri(), "shown": 800.0, "natural": 1600,
                         "height": 1200, "scrubber": False, "name": "fig-dense"}]
     assert figure_problems(page) == []
+
+
+# Every image of the article once it has loaded (the dropdowns opened, so that the images of
+# the solutions are laid out too): its shown box and its PNG's pixels.
+IMAGE_BOXES = """async () => {
+  document.querySelectorAll('main article details').forEach(d => { d.open = true; });
+  const images = [...document.querySelectorAll('main article img')];
+  await Promise.all(images.map(img => img.decode().catch(() => null)));
+  return images.map(img => {
+    const box = img.getBoundingClientRect();
+    return {name: (img.closest('figure') || {}).id || img.alt.slice(0, 50) || img.src.slice(-40),
+            width: box.width, height: box.height,
+            natural: img.naturalWidth, natural_height: img.naturalHeight};
+  });
+}"""
+ASPECT_TOLERANCE = 0.01  # of the PNG's width / height: a pixel of rounding on a phone
+
+
+def aspect_problems(images: list[dict]) -> list[str]:
+    """The images shown at another aspect ratio than their PNG's, one line each."""
+    problems = []
+    for img in images:
+        if not (img["width"] and img["height"] and img["natural"] and img["natural_height"]):
+            problems.append(f"{img['name']}: not shown or not loaded ({img})")
+            continue
+        natural = img["natural"] / img["natural_height"]
+        shown = img["width"] / img["height"]
+        if abs(shown / natural - 1) > ASPECT_TOLERANCE:
+            problems.append(
+                f"{img['name']}: shown {img['width']:.0f} x {img['height']:.0f} px "
+                f"(width / height {shown:.3f}) for a PNG of {img['natural']} x "
+                f"{img['natural_height']} px ({natural:.3f}): {natural / shown:.2f} times "
+                f"too tall")
+    return problems
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
+def test_figures_keep_their_aspect_ratio(browser, html_dir, viewport):
+    """A figure scaled down to the column keeps its shape: a circle stays a circle."""
+    problems, measured = {}, 0
+    for page in built_pages(html_dir):
+        tab = offline_tab(browser, page.as_uri(), viewport)
+        tab.wait_for_function("[...document.querySelectorAll('div.animation img')]"
+                              ".every(img => img.complete && img.naturalWidth > 0)")
+        images = tab.evaluate(IMAGE_BOXES)
+        tab.close()
+        measured += len(images)
+        if found := aspect_problems(images):
+            problems[str(page.relative_to(html_dir))] = found
+    assert measured, f"no image in the pages of {html_dir}"
+    assert not problems, (f"{sum(map(len, problems.values()))} of {measured} images "
+                          f"stretched at {viewport['width']} px: {problems}")
+
+
+def test_the_aspect_check_finds_a_stretched_figure():
+    """An 806 x 360 figure (a 1612 x 720 PNG) squeezed to a phone's column with its height
+    kept is 2.25 times too tall; scaled with its height it passes."""
+    png = {"name": "fig-ch4-plane", "natural": 1612, "natural_height": 720}
+    (problem,) = aspect_problems([dict(png, width=358.0, height=360.0)])
+    assert problem.startswith("fig-ch4-plane: shown 358 x 360 px (width / height 0.994)")
+    assert "for a PNG of 1612 x 720 px (2.239): 2.25 times too tall" in problem
+    assert aspect_problems([dict(png, width=358.0, height=159.9)]) == []
+    (missing,) = aspect_problems([dict(png, width=0.0, height=0.0)])
+    assert "not shown or not loaded" in missing
+
+
+def test_unnumbered_pages_number_their_own_figures():
+    """book/_ext/figure_numbers.py: Sphinx's one counter for every unnumbered page gave the
+    appendix "Fig. 2" and "Fig. 3" after the landing page's figure 1; each such page counts
+    from 1, an appendix after its letter, and the chapters keep their numbers."""
+    from figure_numbers import appendix_letters, renumber
+
+    parts = [{"caption": "Part I", "files": ["book/01_why_positions"]},
+             {"caption": "Appendix", "files": ["book/appendix_a", "book/appendix_b"]}]
+    letters = appendix_letters(parts)
+    assert letters == {"book/appendix_a": "A", "book/appendix_b": "B"}
+    fignumbers = {"book/intro": {"figure": {"fig-intro": (1,)}},
+                  "book/01_why_positions": {"figure": {"fig-ch1-a": (1, 1),
+                                                       "fig-ch1-b": (1, 2)}},
+                  "book/appendix_a": {"figure": {"fig-a2": (3,), "fig-a1": (2,)},
+                                      "table": {"tab-a": (1,)}},
+                  "book/appendix_b": {"figure": {"fig-b": (4,)}}}
+    secnumbers = {"book/01_why_positions": {"": (1,), "#a-section": (1, 1)},
+                  "book/intro": {}}
+    changed = renumber(fignumbers, secnumbers, letters)
+    assert fignumbers == {"book/intro": {"figure": {"fig-intro": (1,)}},
+                          "book/01_why_positions": {"figure": {"fig-ch1-a": (1, 1),
+                                                               "fig-ch1-b": (1, 2)}},
+                          "book/appendix_a": {"figure": {"fig-a1": ("A", 1),
+                                                         "fig-a2": ("A", 2)},
+                                              "table": {"tab-a": ("A", 1)}},
+                          "book/appendix_b": {"figure": {"fig-b": ("B", 1)}}}
+    assert changed == ["book/appendix_a", "book/appendix_b"]
+    assert renumber(fignumbers, secnumbers, letters) == []
