@@ -1,5 +1,5 @@
-"""ropelib.book.contents counts what a chapter holds from the chapter itself (the preface
-quotes chapter 14's number of bugs): each row of the table must link a section the
+"""ropelib.book.contents counts what a chapter holds from the chapter itself (the landing
+page quotes chapter 14's number of bugs): each row of the table must link a section the
 chapter defines, and a missing table or a row without its section raises."""
 
 from __future__ import annotations

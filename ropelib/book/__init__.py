@@ -16,7 +16,7 @@
   that stop a CUDA graph capture.
 - ``ropelib.book.matrix``: ``rotary_matrix``, the explicit block-diagonal R_{Theta,m} the
   chapters reason with.
-- ``ropelib.book.contents``: counts read from the chapters (the preface's number of bugs).
+- ``ropelib.book.contents``: counts read from the chapters (the landing page's number of bugs).
 
 ``import ropelib`` does not import this package; the core never imports it.
 """

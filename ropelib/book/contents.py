@@ -1,6 +1,6 @@
 """What a chapter holds, read from its notebook, for pages that quote it.
 
-The preface says how many bugs chapter 14 reproduces. That number is the chapter's, so it
+The landing page says how many bugs chapter 14 reproduces. That number is the chapter's, so it
 is read from the chapter: the rows of its table "The bugs at a glance", one per bug, each
 linking the section that reproduces it (a label the chapter defines). A row without such a
 link, or a table that is gone, raises instead of returning a stale count.
