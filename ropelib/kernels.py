@@ -337,6 +337,11 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                                  "together needs destinations apart from the other tensor")
 
 
+def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b address a common element (a tensor shares all of its own)."""
+    return _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b)
+
+
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
     meta tensor (it holds no memory). Only views of one buffer can have intersecting

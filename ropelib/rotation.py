@@ -246,8 +246,8 @@ def apply_rope_qk_to_cache(
 
     Raises:
         ValueError: before anything is written, for arguments of the wrong shape, dtype or
-            device, and (where they are on the host) slots outside the capacity or positions
-            outside the table.
+            device, caches of two capacities or sharing memory, and (where they are on the
+            host) slots outside the capacity or positions outside the table.
     """
     return replay.run(
         _options("cache", layout, short_table, rotary_dim, 0),
@@ -282,6 +282,14 @@ def _apply_rope_qk_to_cache(
             raise ValueError(f"{name} must be (..., heads_k, capacity, head_dim) = "
                              f"{tuple(k.shape[:-2])} + (capacity, {k.shape[-1]}) in k's dtype "
                              f"{k.dtype} on {k.device}, got {seen}")
+    if key_cache.shape[-2] != value_cache.shape[-2]:
+        raise ValueError(f"key_cache and value_cache must have one capacity (dim -2): "
+                         f"key_cache has {key_cache.shape[-2]} slots, value_cache "
+                         f"{value_cache.shape[-2]}")
+    if kernels.share_memory(key_cache, value_cache):
+        raise ValueError("key_cache shares memory with value_cache: the step would write v "
+                         "over k (or k over v) in the slots they share; pass two separate "
+                         "caches")
     slot = check_int_tensor("cache_position", cache_position)
     if slot.numel() != 1:
         raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), got "
