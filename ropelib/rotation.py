@@ -700,11 +700,15 @@ def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
 
 def _setup_qk_backward(ctx, inputs: tuple, output: tuple) -> None:
     """``_setup_backward`` for ``ropelib::rotate_qk``: q and k are saved only when the grads
-    of the tables need them."""
+    of the tables need them; with constant tables, the rotation of a q or k that records no
+    autograd records none either (as ``apply_rope`` of it alone)."""
     q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:9]
     tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
                           cos, sin, positions, axes)
+    if not tables_need_grad:  # an output whose input records nothing records nothing
+        ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
+            output, ctx.needs_input_grad[:2], strict=True) if not needs))
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
     ctx.pending = inputs[9] if len(inputs) > 9 else None
 
