@@ -70,7 +70,14 @@ def check_float_tensor(name: str, t: object) -> torch.Tensor:
             f"{name} must be a floating-point tensor, got dtype {t.dtype}; "
             f"convert it first, e.g. {name}.float()"
         )
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor of {_FLOAT_NAMES}, got dtype "
+                        f"{t.dtype}; convert it first, e.g. {name}.float()")
     return t
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_NAMES = "float16, bfloat16, float32 or float64"
 
 
 def check_int_tensor(name: str, t: object) -> torch.Tensor:

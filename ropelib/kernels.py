@@ -45,7 +45,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native, replay
-from ._checks import check_coordinates, check_rotation_operands, tracing
+from ._checks import FLOAT_DTYPES, check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -337,6 +337,11 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                                  "together needs destinations apart from the other tensor")
 
 
+def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b address a common element (a tensor shares all of its own)."""
+    return _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b)
+
+
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
     meta tensor (it holds no memory). Only views of one buffer can have intersecting
@@ -568,10 +573,14 @@ def backend_status(device: str | torch.device = "cpu",
     ``BackendStatus(backend='triton', reason='the first of triton, eager that takes the
     call')``: the backend that runs it and what the others said when they declined, or
     ``backend=None`` with the reason every such call raises (an unknown ``ROPELIB_BACKEND``,
-    a forced backend that declines, a device this PyTorch cannot use). Under ``torch.func``
+    a forced backend that declines, a device this PyTorch cannot use, a dtype other than
+    float16, bfloat16, float32 or float64). Under ``torch.func``
     transforms the rotation runs as PyTorch operations whatever the backend, and a forced
     backend that declines the call raises there too."""
     device = torch.device(device)
+    if dtype not in FLOAT_DTYPES:
+        return BackendStatus(None, f"x of dtype {dtype}: every call raises TypeError (the "
+                                   f"rotation takes {', '.join(map(str, FLOAT_DTYPES))})")
     forced = os.environ.get("ROPELIB_BACKEND")
     if forced and forced not in BACKENDS:
         return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "

@@ -121,6 +121,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                       "working C compiler, or ROPELIB_NATIVE=0 to choose the eager path "
                       "silently", RuntimeWarning, stacklevel=2)
         return None, reason
+    lib.compiler = compiler  # what built it: $CC may change while it stays loaded
     rotation = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64]
     lib.rope = _typed(lib, "rope_{}", DTYPES, None, rotation)
     lib.rope_axes = _typed(lib, "rope_{}_axes", DTYPES, _I64,
@@ -201,8 +202,7 @@ def _loop_status() -> NativeStatus:
         return NativeStatus("eager", f"the kernel could not be built: {reason}", False)
     openmp = threaded()
     how = "with OpenMP" if openmp else "without OpenMP (one thread)"
-    return NativeStatus("native", f"compiled {how} by CC={os.environ.get('CC') or 'cc'!r}",
-                        openmp)
+    return NativeStatus("native", f"compiled {how} by CC={_load()[0].compiler!r}", openmp)
 
 
 def threaded() -> bool:

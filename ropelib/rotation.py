@@ -246,8 +246,8 @@ def apply_rope_qk_to_cache(
 
     Raises:
         ValueError: before anything is written, for arguments of the wrong shape, dtype or
-            device, and (where they are on the host) slots outside the capacity or positions
-            outside the table.
+            device, caches of two capacities or sharing memory, and (where they are on the
+            host) slots outside the capacity or positions outside the table.
     """
     return replay.run(
         _options("cache", layout, short_table, rotary_dim, 0),
@@ -282,6 +282,14 @@ def _apply_rope_qk_to_cache(
             raise ValueError(f"{name} must be (..., heads_k, capacity, head_dim) = "
                              f"{tuple(k.shape[:-2])} + (capacity, {k.shape[-1]}) in k's dtype "
                              f"{k.dtype} on {k.device}, got {seen}")
+    if key_cache.shape[-2] != value_cache.shape[-2]:
+        raise ValueError(f"key_cache and value_cache must have one capacity (dim -2): "
+                         f"key_cache has {key_cache.shape[-2]} slots, value_cache "
+                         f"{value_cache.shape[-2]}")
+    if kernels.share_memory(key_cache, value_cache):
+        raise ValueError("key_cache shares memory with value_cache: the step would write v "
+                         "over k (or k over v) in the slots they share; pass two separate "
+                         "caches")
     slot = check_int_tensor("cache_position", cache_position)
     if slot.numel() != 1:
         raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), got "
@@ -692,11 +700,15 @@ def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
 
 def _setup_qk_backward(ctx, inputs: tuple, output: tuple) -> None:
     """``_setup_backward`` for ``ropelib::rotate_qk``: q and k are saved only when the grads
-    of the tables need them."""
+    of the tables need them; with constant tables, the rotation of a q or k that records no
+    autograd records none either (as ``apply_rope`` of it alone)."""
     q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:9]
     tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
                           cos, sin, positions, axes)
+    if not tables_need_grad:  # an output whose input records nothing records nothing
+        ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
+            output, ctx.needs_input_grad[:2], strict=True) if not needs))
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
     ctx.pending = inputs[9] if len(inputs) > 9 else None
 

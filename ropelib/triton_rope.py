@@ -59,7 +59,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
           H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s,
           H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
           H3, x3_b, x3_h, x3_s, o3_b, o3_h, o3_s,
-          c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i, p_b, p_s, p_k,
+          c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i, p_b, p_s, p_k, a_i,
           AXIS_COUNT, TABLE_LEN, SEQ, CAPACITY,
           HEADS_PER_PROGRAM: tl.constexpr, ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -71,7 +71,8 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
     for program (t, b, g).
 
     MODE 0: rows given (strides c_*, s_*); 1: one coordinate per token, POS[b, s] (+ s with
-    STEP: POS is a 0-d offset); 2: M-RoPE, pair i reads coordinate AXES[i] of POS[b, s, :].
+    STEP: POS is a 0-d offset); 2: M-RoPE, pair i reads coordinate AXES[i] (stride a_i) of
+    POS[b, s, :].
     CLAMP: coordinates past the table read its last row. CHECK: coordinates outside the table
     (and axes outside [0, AXIS_COUNT)) fail a device-side assertion that names them (a CUDA
     kernel is compiled with debug on; Triton's interpreter runs no assertion unless its
@@ -100,7 +101,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
                 coord = coord + s64
             coord = coord[:, None]
         else:
-            axis = tl.load(AXES + i, mask=pairs, other=0).to(tl.int64)
+            axis = tl.load(AXES + i * a_i, mask=pairs, other=0).to(tl.int64)
             axis_ok = (axis >= 0) & (axis < AXIS_COUNT)
             if CHECK:
                 tl.device_assert(axis_ok | (pairs == 0),
@@ -396,7 +397,7 @@ def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, ax
     destinations of all but the first are written from row ``slot``."""
     x = xs[0]
     launch = plan.launch(
-        layout, rotary_dim, inverse, None if axes is None else axes.shape[0],
+        layout, rotary_dim, inverse, None if axes is None else (*axes.shape, *axes.stride()),
         pending is not None and pending.step, pending is not None and pending.clamp,
         pending is not None, slot is not None, x.is_cuda, config,
         all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True)))
@@ -417,13 +418,15 @@ def _meta(t: torch.Tensor) -> tuple:
 
 
 def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
-             layout: str, rotary_dim: int, inverse: bool, pairs_with_axes: int | None,
+             layout: str, rotary_dim: int, inverse: bool,
+             pairs_with_axes: tuple[int, int] | None,
              step: bool, clamp: bool, check: bool, slotted: bool, cuda: bool,
              config: Config | None, in_place: bool) -> Launch | None:
     """The launch of a call with tensors of these (shape, strides, dtype) (an out of None: a
     new contiguous tensor): every number the kernel gets but its pointers, worked out once per
     shape (``Plan.launch``: a launch's Python costs more than the kernel of a decode step).
-    None: nothing to do (an empty tensor)."""
+    ``pairs_with_axes``: (pairs, stride) of ``axes``, None without. None: nothing to do (an
+    empty tensor)."""
     def drop(meta):
         return None if meta is None else meta[:2]
 
@@ -445,6 +448,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     mode = 0 if positions is None else (1 if pairs_with_axes is None else 2)
     rest = head_dim - rotary_dim
     scalars = (*one, *two, *three, *table_strides, *position_strides,
+               0 if pairs_with_axes is None else pairs_with_axes[1],
                positions[0][-1] if positions is not None else 1, cos[0][0], seq, capacity)
     grid = (-(-seq // config.block_s), batch, -(-sum(heads) // config.heads_per_program))
     constexprs = (

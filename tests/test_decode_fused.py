@@ -20,6 +20,7 @@ from test_one_launch import Recorder, device_route  # noqa: F401 (a fixture)
 from ropelib import (
     KVCache,
     StandardAttentionWithRoPE,
+    apply_rope,
     apply_rope_qk_to_cache,
     kernels,
     rotation,
@@ -223,3 +224,53 @@ def test_the_module_step_is_one_launch_on_the_device_route(device_route, monkeyp
     assert not {"index_copy_", "index_copy", "cos", "sin", "index"} & set(names)
     assert all(op.overloadpacket.__name__ != "_to_copy" for op in recorder.ops)
     assert rotation._on_device(x)  # the route taken was the device's
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("smaller", ["value_cache", "key_cache"])
+@pytest.mark.parametrize("start", [6, 7], ids=["v one token short", "two tokens short"])
+def test_caches_of_different_capacities_are_refused_before_any_write(monkeypatch, backend,
+                                                                     smaller, start):
+    """Slots that fit one cache but not the other: a ValueError naming both caches and their
+    capacities, and neither cache written (not k into its slots and then a short v)."""
+    monkeypatch.setenv("ROPELIB_BACKEND", backend)
+    q, k, v, _ = step_inputs()
+    big, small = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 8, 16)
+    keys, values = (small, big) if smaller == "key_cache" else (big, small)
+    before = keys.clone(), values.clone()
+    cos, sin = generate_rope_embeddings(16, 16)
+    with pytest.raises(ValueError, match=r"key_cache and value_cache must have one capacity"
+                                         r".*key_cache has \d+ slots, value_cache \d+"):
+        apply_rope_qk_to_cache(q, k, v, cos, sin, keys, values, torch.tensor(start))
+    assert torch.equal(keys, before[0]) and torch.equal(values, before[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("overlap", ["same tensor", "overlapping views"])
+def test_caches_sharing_memory_are_refused(monkeypatch, backend, overlap):
+    """A key cache that is (or overlaps) the value cache would end with v in k's slots: refused
+    as an out= that overlaps its input is, naming both caches, before anything is written."""
+    monkeypatch.setenv("ROPELIB_BACKEND", backend)
+    q, k, v, _ = step_inputs()
+    storage = torch.randn(2, 2, 14, 16)
+    if overlap == "same tensor":
+        keys = values = storage[..., :10, :]
+    else:
+        keys, values = storage[..., :10, :], storage[..., 4:, :]
+    before = storage.clone()
+    cos, sin = generate_rope_embeddings(16, 16)
+    with pytest.raises(ValueError, match="key_cache shares memory with value_cache"):
+        apply_rope_qk_to_cache(q, k, v, cos, sin, keys, values, torch.tensor(2))
+    assert torch.equal(storage, before)
+
+
+def test_caches_in_one_buffer_apart_are_taken(monkeypatch):
+    """Keys and values as two halves of one buffer share no element: accepted, each written
+    where it belongs."""
+    q, k, v, _ = step_inputs()
+    storage = torch.zeros(2, 2, 2, 10, 16)
+    keys, values = storage[:, :, 0], storage[:, :, 1]
+    cos, sin = generate_rope_embeddings(16, 16)
+    apply_rope_qk_to_cache(q, k, v, cos, sin, keys, values, torch.tensor(2))
+    assert torch.equal(values[..., 2:5, :], v)
+    assert torch.equal(keys[..., 2:5, :], apply_rope(k, cos, sin, offset=2))

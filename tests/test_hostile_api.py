@@ -537,6 +537,36 @@ def test_item4_backend_status_says_what_a_call_does(setting, monkeypatch):
         assert native_status().path == did, native_status()
 
 
+REFUSED_DTYPES = [torch.int64, torch.bool, torch.complex64, torch.float8_e4m3fn,
+                  torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", REFUSED_DTYPES, ids=str)
+@pytest.mark.parametrize("forced", [None, "eager"])
+def test_a_dtype_every_call_refuses_is_reported_and_refused_by_name(dtype, forced,
+                                                                    monkeypatch):
+    """backend_status said eager for dtypes every call refuses (int64, bool, complex64) or
+    crashes on inside PyTorch (float8: an addcmul NotImplementedError naming no argument).
+    Now it says None and why, and the call refuses such an x, q or table by name."""
+    from ropelib import backend_status
+
+    if forced:
+        monkeypatch.setenv("ROPELIB_BACKEND", forced)
+    else:
+        monkeypatch.delenv("ROPELIB_BACKEND", raising=False)
+    status = backend_status("cpu", dtype)
+    assert status.backend is None and str(dtype) in status.reason, status
+    assert "raises" in status.reason
+    x = torch.zeros(1, 2, 5, 8).to(dtype)
+    cos, sin = generate_rope_embeddings(5, 8)
+    with pytest.raises(TypeError, match=rf"x must be a floating-point tensor.*, got dtype {dtype}"):
+        apply_rope(x, cos, sin)
+    with pytest.raises(TypeError, match=rf"q must be a floating-point tensor.*, got dtype {dtype}"):
+        apply_rope_qk(x, x, cos, sin)
+    with pytest.raises(TypeError, match=rf"cos must be a floating-point tensor.*, got dtype {dtype}"):
+        apply_rope(torch.zeros(1, 2, 5, 8), cos.to(dtype), sin.to(dtype))
+
+
 def test_item4_a_device_this_build_cannot_use_is_reported_not_raised(monkeypatch):
     """backend_status("cuda") on a CPU-only build raised an AssertionError."""
     from ropelib import backend_status

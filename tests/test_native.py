@@ -371,6 +371,27 @@ def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp
         native._load.cache_clear()
 
 
+def test_native_status_names_the_compiler_that_built_the_loaded_loop(monkeypatch, tmp_path):
+    """The loop loaded once stays loaded when $CC changes afterwards: native_status names
+    the compiler that built it, not the one $CC names now."""
+    wrapper = tmp_path / "cc-wrapper"
+    wrapper.write_text('#!/bin/sh\nexec cc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ROPELIB_BACKEND", raising=False)
+    native._load.cache_clear()
+    try:
+        assert native.unavailable_reason() is None
+        monkeypatch.setenv("CC", "clang-that-built-nothing")
+        status = native.native_status()
+        assert status.path == "native" and str(wrapper) in status.reason, status
+        assert "clang-that-built-nothing" not in status.reason
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
+
+
 def test_without_a_compiler_the_eager_paths_take_over(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path / "cache"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 
@@ -515,3 +516,44 @@ def test_repeated_calls_check_what_can_change(layout):
     finally:
         native.set_enabled(previous)
     torch.testing.assert_close(eager, apply_rope(x, cos32, sin32, layout=layout, offset=3))
+
+
+@pytest.mark.parametrize("route", ["eager training node", "operator", "torch.func"])
+@pytest.mark.parametrize("records", ["q", "k"])
+def test_qk_only_the_tensor_that_records_gives_an_output_that_does(route, records):
+    """apply_rope_qk with only q (or only k) recording autograd: the other output records
+    nothing, as apply_rope of that tensor alone does, and the gradient of the one that
+    records is apply_rope's. Routes: the eager training node, the registered operator (under
+    a dispatch mode), the composite under a torch.func transform."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ropelib import apply_rope_qk
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    cos, sin = generate_rope_embeddings(6, 8)
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8)
+    leaf = (q if records == "q" else k).requires_grad_()
+    grad = torch.randn_like(leaf)
+
+    def rotate(q, k):
+        return apply_rope_qk(q, k, cos, sin, layout="half")
+
+    if route == "torch.func":
+        def loss(t):
+            q_rot, k_rot = rotate(t, k) if records == "q" else rotate(q, t)
+            other = k_rot if records == "q" else q_rot
+            assert not other.requires_grad
+            return ((q_rot if records == "q" else k_rot) * grad).sum()
+        got = torch.func.grad(loss)(leaf.detach())
+    else:
+        with Passthrough() if route == "operator" else contextlib.nullcontext():
+            q_rot, k_rot = rotate(q, k)
+        rotated, other = (q_rot, k_rot) if records == "q" else (k_rot, q_rot)
+        assert not other.requires_grad and other.grad_fn is None
+        got, = torch.autograd.grad(rotated, leaf, grad)
+    alone = leaf.detach().requires_grad_()
+    expected, = torch.autograd.grad(apply_rope(alone, cos, sin, layout="half"), alone, grad)
+    torch.testing.assert_close(got, expected)

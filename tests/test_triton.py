@@ -122,6 +122,27 @@ def test_mrope_rows_gathered_in_the_kernel(device, layout, batched):
     close(result, rope_by_pairs(x, table, layout), torch.float32)
 
 
+@pytest.mark.parametrize("kind", ["strided view", "expanded one element"])
+def test_mrope_axes_of_any_strides(device, kind):
+    """``axes`` as a strided view (every other element of a longer tensor) or one element
+    expanded to every pair: the kernel reads the elements the view holds, as the float64
+    formula on ``axes.contiguous()`` does, never the memory beside them."""
+    head_dim = 16
+    if kind == "strided view":
+        wide = torch.stack([axis_of_pairs(head_dim, [2, 3, 3]), torch.full((8,), 2)], -1)
+        axes = wide.reshape(-1)[::2]  # axes of the sections; the 2s between them unread
+    else:
+        axes = torch.tensor([1, 0, 2, 0])[:1].expand(head_dim // 2)  # zeros follow in memory
+    assert not axes.is_contiguous()
+    positions = torch.randint(0, 30, (7, 3))
+    x = torch.randn(2, 4, 7, head_dim, device=device)
+    cos, sin = generate_rope_embeddings(30, head_dim, device=device)
+    result = apply_rope(x, cos, sin, positions=positions.to(device), axes=axes.to(device))
+    theta = thetas(head_dim).to(F64)
+    table = positions.to(F64)[:, axes.contiguous()] * theta  # pair i: coordinate axes[i]
+    close(result, rope_by_pairs(x, table, "interleaved"), torch.float32)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gradient_is_the_inverse_rotation(device, layout):
     """The backward runs the kernel with inverse=True: dL/dx = R_{-Theta} g, in float64 against
@@ -203,7 +224,11 @@ def test_query_and_key_gradients_with_constant_tables(device, layout, k_records)
     positions = torch.randint(0, 9, (2, 5))
     grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
     q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout, positions=positions.to(device))
-    torch.autograd.backward((q_rot, k_rot), (grad_q, grad_k))
+    assert k_rot.requires_grad == k_records  # as apply_rope(k) alone
+    if k_records:
+        torch.autograd.backward((q_rot, k_rot), (grad_q, grad_k))
+    else:
+        q_rot.backward(grad_q)
     close(q.grad, reference(grad_q, positions[:, None, :], 12, layout, sign=-1.0),
           torch.float32)
     if k_records:
