@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ropelib.viz.gpu import (  # noqa: E402
+    draw_machine,
     draw_program_tile,
     draw_step_ratios,
     ratio_table_html,
@@ -98,3 +99,28 @@ def test_ratio_table_formats_and_escapes():
     assert "<td></td><td>2</td>" in html
     with pytest.raises(ValueError, match="2 cells"):
         ratio_table_html(["a", "b"], [["only one"]])
+
+
+def test_machine_draws_one_square_per_sm_and_names_its_numbers():
+    fig, ax = plt.subplots()
+    draw_machine(ax, hbm_gb=141, hbm_tbps=4.8, l2_mb=50, sms=132)
+    squares = [p for p in ax.patches if p.get_gid() == "sm"]
+    assert len(squares) == 132
+    assert len({(p.get_x(), p.get_y()) for p in squares}) == 132  # none drawn twice
+    text = " ".join(t.get_text() for t in ax.texts)
+    for part in ("141 GB", "4.8 TB/s", "50 MB", "132 SMs"):
+        assert part in text
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sms": 0}, "sms must be positive"),
+    ({"sms": 2.5}, "sms must be a whole number"),
+    ({"l2_mb": -1}, "l2_mb must be positive"),
+])
+def test_machine_refuses_what_is_not_a_machine(kwargs, match):
+    fig, ax = plt.subplots()
+    args = {"hbm_gb": 141, "hbm_tbps": 4.8, "l2_mb": 50, "sms": 132} | kwargs
+    with pytest.raises(ValueError, match=match):
+        draw_machine(ax, **args)
+    plt.close(fig)

@@ -8,6 +8,8 @@ one program's tile.
   among the rows of every other program, and which rows of the tables it read (from a trace
   of the kernel in Triton's interpreter, ``ropelib.book.triton_probe``).
 - ``ratio_table_html``: rows of text and numbers as an HTML table (no pandas).
+- ``draw_machine``: the path a byte takes on a GPU, from its memory (HBM) through the L2
+  cache to the streaming multiprocessors (SMs) that run a kernel's programs.
 
 The data are measured or traced elsewhere; these functions only draw and format.
 """
@@ -26,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 
-__all__ = ["draw_program_tile", "draw_step_ratios", "ratio_table_html"]
+__all__ = ["draw_machine", "draw_program_tile", "draw_step_ratios", "ratio_table_html"]
 
 DTYPE_MARKERS = {"bfloat16": "o", "float32": "s"}
 LAYOUT_SHIFT = {"half": 1 / 1.02, "interleaved": 1.02}
@@ -174,3 +176,50 @@ def ratio_table_html(header: Sequence[str], rows: Sequence[Sequence[object]], *,
                    for row in rows)
     top = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     return f"<table>{top}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def draw_machine(ax: Axes, *, hbm_gb: float, hbm_tbps: float, l2_mb: float, sms: int) -> None:
+    """A GPU as a kernel sees it: HBM, the L2 cache, and a grid of SMs, one of them
+    running a program on its tile in registers.
+
+    Args:
+        ax: the axes (its axis is turned off).
+        hbm_gb: the memory's size in GB; hbm_tbps: its peak bandwidth in TB/s.
+        l2_mb: the L2 cache's size in MB.
+        sms: the number of streaming multiprocessors, one small square each.
+    """
+    for name, value in (("hbm_gb", hbm_gb), ("hbm_tbps", hbm_tbps), ("l2_mb", l2_mb),
+                        ("sms", sms)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    if int(sms) != sms:
+        raise ValueError(f"sms must be a whole number, got {sms!r}")
+    sms = int(sms)
+    boxes = {"hbm": (0.0, 0.15, 0.22, 0.7, "C0"), "l2": (0.36, 0.25, 0.16, 0.5, "C1")}
+    for x, y, w, h, colour in boxes.values():
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=colour, alpha=0.25, edgecolor=colour,
+                               gid="unit"))
+    ax.text(0.11, 0.5, f"HBM (DRAM)\n{hbm_gb:g} GB", ha="center", va="center",
+            fontsize="small")
+    ax.text(0.44, 0.5, f"L2 cache\n{l2_mb:g} MB", ha="center", va="center",
+            fontsize="small")
+    ax.annotate("", xy=(0.36, 0.5), xytext=(0.22, 0.5),
+                arrowprops={"arrowstyle": "<->", "lw": 1.5})
+    ax.text(0.29, 0.56, f"{hbm_tbps:g} TB/s", ha="center", va="bottom", fontsize="small")
+    columns = math.ceil(math.sqrt(sms))
+    rows = math.ceil(sms / columns)
+    left, bottom, width, height = 0.66, 0.15, 0.3, 0.7
+    cell_w, cell_h = width / columns, height / rows
+    for index in range(sms):
+        row, column = divmod(index, columns)
+        ax.add_patch(Rectangle((left + column * cell_w, bottom + height - (row + 1) * cell_h),
+                               0.8 * cell_w, 0.8 * cell_h,
+                               facecolor="C2" if index else "C3", alpha=0.6, gid="sm"))
+    ax.annotate("", xy=(left, 0.5), xytext=(0.52, 0.5),
+                arrowprops={"arrowstyle": "<->", "lw": 1.5})
+    ax.text(left + width / 2, bottom - 0.03,
+            f"{sms} SMs: each runs programs, a tile in its registers",
+            ha="center", va="top", fontsize="small")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_axis_off()
