@@ -75,3 +75,44 @@ def test_no_wall_of_code_before_the_first_section(path):
     assert lines <= LINES_BEFORE_FIRST_SECTION, (
         f"{path.name} shows {lines} lines of code before its first section "
         f"(at most {LINES_BEFORE_FIRST_SECTION})")
+
+
+EVAL = re.compile(r"\{eval\}`([^`]+)`")
+
+
+def evaluated_before_defined(notebook) -> list[str]:
+    """The ``{eval}`` names a markdown cell reads before any code cell above it assigns them:
+    the book evaluates each name where its cell stands, so such a name fails the build."""
+    import ast
+
+    defined: set[str] = set()
+    early = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            tree = ast.parse("\n".join(line for line in cell.source.splitlines()
+                                       if not line.lstrip().startswith(("%", "!"))))
+            defined |= {node.id for node in ast.walk(tree)
+                        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            defined |= {node.name for node in ast.walk(tree)
+                        if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+            defined |= {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                        if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names}
+        elif cell.cell_type == "markdown":
+            early += [f"cell {index}: {name}" for name in EVAL.findall(cell.source)
+                      if name not in defined]
+    return early
+
+
+def test_the_eval_check_finds_a_name_read_too_early():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("a_txt, (b_txt, c) = 1, (2, 3)\nimport math as m"),
+        nbformat.v4.new_markdown_cell("{eval}`a_txt` {eval}`b_txt` {eval}`m` {eval}`d_txt`"),
+        nbformat.v4.new_code_cell("d_txt = 4")]
+    assert evaluated_before_defined(notebook) == ["cell 1: d_txt"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_prose_reads_only_names_set_above_it(path):
+    early = evaluated_before_defined(nbformat.read(path, as_version=4))
+    assert not early, f"{path.name}: " + ", ".join(early)
