@@ -13,6 +13,7 @@ draw and format.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -193,7 +194,11 @@ def draw_speed_bars(ax: Axes, medians: Mapping[str, float], *, baseline: str = "
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     low = min(0.5, 0.8 * min(ratios.values()))
-    high = xmax if xmax is not None else 2.5 * max(ratios.values())
+    # past the longest bar, room for its label: a quarter of the axis on the log scale,
+    # whatever the values span (a label beyond the axes would widen the saved figure)
+    largest = max(ratios.values())
+    span = math.log10(largest / low)
+    high = xmax if xmax is not None else largest * 10 ** max(math.log10(2.5), span / 3)
     ax.set_xlim(low, high)
     if annotate:
         for yi, value in zip(y, ratios.values(), strict=True):
