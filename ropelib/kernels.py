@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import eager, native, replay
+from . import eager, native
 from ._checks import FLOAT_DTYPES, check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
@@ -71,10 +71,9 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
         axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
 
-    The arguments are checked before the loop runs (``check_rotation_operands``, on
-    ``run_backend``'s whole path: a replayed call's key holds all it reads): a table pair of
-    other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes`` is a
-    ValueError, never a read past a tensor.
+    The arguments are checked before the loop runs (``check_rotation_operands``): a table
+    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short
+    ``axes`` is a ValueError, never a read past a tensor.
     """
     return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                         check=True)
@@ -349,7 +348,13 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     if t.is_meta or not t.numel():
         return 0, 0
     start = t.data_ptr()
-    return start, start + (t.nbytes if t.is_contiguous() else replay.extent(t))
+    return start, start + (t.nbytes if t.is_contiguous() else _extent(t))
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from t's first element to past its last (t not empty)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * (
+        t.element_size())
 
 
 def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -409,6 +414,9 @@ def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                        pending, check)[0]
 
 
+_OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
+
+
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
@@ -419,33 +427,10 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     directly for plain tensors in eager mode (``plain_call``), by the operators'
     implementations and by the autograd formulas; arguments as for ``ropelib::rotate``.
     Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
-    one launch); for another backend ``settle`` checks them first. On a GPU a call seen
-    before is replayed (``ropelib.replay``): the rotations inside a training step, a
-    compiled graph's operator, and public calls that are not replayed whole.
+    one launch); for another backend ``settle`` checks them first.
 
-    ``check`` (the operators' implementations): the operands are checked first, on the
-    whole path only (``check_rotation_operands`` of each x, ``check_out_memory`` of the
-    destinations): a replay's key holds all the first reads, and a call whose destinations
-    meet other tensors otherwise than the recorded call's takes the whole path."""
-    count = len(xs)
-    return replay.run(
-        (count, layout, rotary_dim, inverse, pending, check) if type(rotary_dim) is int
-        else None, (*xs, *outs, cos, sin, positions, axes), _PAIRS[count], _DESTINATIONS[count],
-        lambda: _run_backend(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                             pending, check), bump=False)
-
-
-_PAIRS = {1: ((0, 1),), 2: ((0, 2), (1, 3))}  # run_backend's (x, destination) slots
-_DESTINATIONS = {1: (1,), 2: (2, 3)}
-_OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
-
-
-def _run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                 inverse: bool, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None, pending: Pending | None, check: bool
-                 ) -> list[torch.Tensor]:
-    """``run_backend``'s whole path."""
+    ``check`` (the operators' implementations): the operands are checked first
+    (``check_rotation_operands`` of each x, ``check_out_memory`` of the destinations)."""
     if check:
         for x, out in zip(xs, outs, strict=True):
             check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)

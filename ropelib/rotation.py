@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch.autograd import forward_ad
 
-from . import distributed, eager, kernels, replay
+from . import distributed, eager, kernels
 from ._checks import (
     as_int,
     broadcasts,
@@ -87,18 +87,6 @@ def apply_rope(
         elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
         attention reads without a copy); on the CPU it is contiguous.
     """
-    return replay.run(
-        _options("rope", layout, short_table, rotary_dim, offset),
-        (x, cos, sin, positions, _offset_tensor(offset), axes, out), ((0, 6),), (6,),
-        lambda: _apply_rope(x, cos, sin, layout, positions, offset, rotary_dim, short_table,
-                            out, axes))
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                positions: torch.Tensor | None, offset: int, rotary_dim: int | None,
-                short_table: str, out: torch.Tensor | None, axes: torch.Tensor | None
-                ) -> torch.Tensor:
-    """``apply_rope``'s whole path (``ropelib.replay``: the fast one)."""
     if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
         cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
@@ -146,25 +134,6 @@ def apply_rope_qk(
         ``(q_rotated, k_rotated)``: new tensors (laid out as ``apply_rope``'s), or the
         destinations.
     """
-    outs = (q, k) if inplace is True and out is None else out
-    options = _options("qk", layout, short_table, rotary_dim, offset, inplace, outs is None)
-    if outs is None:
-        outs = (None, None)
-    elif type(outs) not in (tuple, list) or len(outs) != 2:
-        options = None
-    return replay.run(
-        options, (q, k, cos, sin, positions, _offset_tensor(offset), axes, *outs),
-        ((0, 7), (1, 8)), (7, 8),
-        lambda: _apply_rope_qk(q, k, cos, sin, layout, positions, offset, rotary_dim,
-                               short_table, out, inplace, axes))
-
-
-def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   layout: str, positions: torch.Tensor | None, offset: int,
-                   rotary_dim: int | None, short_table: str,
-                   out: tuple[torch.Tensor, torch.Tensor] | None, inplace: bool,
-                   axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``apply_rope_qk``'s whole path (``ropelib.replay``: the fast one)."""
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
     if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
@@ -249,20 +218,6 @@ def apply_rope_qk_to_cache(
             device, caches of two capacities or sharing memory, and (where they are on the
             host) slots outside the capacity or positions outside the table.
     """
-    return replay.run(
-        _options("cache", layout, short_table, rotary_dim, 0),
-        (q, k, v, cos, sin, key_cache, value_cache, cache_position, positions), (), (5, 6),
-        lambda: _apply_rope_qk_to_cache(q, k, v, cos, sin, key_cache, value_cache,
-                                        cache_position, layout, positions, rotary_dim,
-                                        short_table))
-
-
-def _apply_rope_qk_to_cache(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    key_cache: torch.Tensor, value_cache: torch.Tensor, cache_position: torch.Tensor,
-    layout: str, positions: torch.Tensor | None, rotary_dim: int | None, short_table: str,
-) -> torch.Tensor:
-    """``apply_rope_qk_to_cache``'s whole path (``ropelib.replay``: the fast one)."""
     rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
     for name, t in (("k", k), ("v", v)):
         check_float_tensor(name, t)
@@ -306,26 +261,6 @@ def _apply_rope_qk_to_cache(
                                               None)
     return kernels.rotate_qk_cache(q, k, v, cos, sin, layout, rd, key_cache, value_cache, slot,
                                    coordinates, pending)
-
-
-def _options(kind: str, layout: object, short_table: object, rotary_dim: object,
-             offset: object, *rest: object) -> tuple | None:
-    """What a call's replay key holds besides its tensors (``ropelib.replay``), or None
-    where the call always takes the whole path: options of other types (the whole path
-    names what is wrong) or an int offset other than 0 (its rows are a slice of the tables
-    that moves with it)."""
-    if (type(layout) is str and type(short_table) is str
-            and (rotary_dim is None or type(rotary_dim) is int)
-            and (type(offset) is int and offset == 0 or isinstance(offset, torch.Tensor))
-            and all(type(r) is bool for r in rest)):
-        return (kind, layout, short_table, rotary_dim, *rest)
-    return None
-
-
-def _offset_tensor(offset: object) -> torch.Tensor | None:
-    """A 0-d offset tensor, which the replay keys and reads like any tensor (None for an
-    int, which ``_options`` allows only as 0)."""
-    return offset if isinstance(offset, torch.Tensor) else None
 
 
 def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -45,7 +45,6 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import replay
 from .eager import new_output
 
 NAME = "triton"
@@ -409,7 +408,7 @@ def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, ax
     tensors = (x, outs[0], two, outs[1] if len(xs) > 1 else outs[0], three, outs[-1], cos, sin,
                placeholder if positions is None else positions,
                placeholder if axes is None else axes, placeholder if slot is None else slot)
-    replay.noted(tensors, _launch(x, launch, tensors))
+    _launch(x, launch, tensors)
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -471,27 +470,24 @@ def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
                       cuda).stride()
 
 
-def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> Callable[[Sequence], None] | None:
+def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
     """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU on x's device,
     which Triton takes to be the current one (a model split over GPUs, e.g. Hugging Face's
     ``device_map="auto"``, calls with tensors on another: the launch then runs with x's
-    device made current, and the current device is restored). Returns the prepared launch
-    of such pointers under the same current device (``ropelib.replay`` replays it), None
-    where there is none (the interpreter, a Triton without raw launches)."""
+    device made current, and the current device is restored)."""
     if not x.is_cuda:
         grid, scalars, constexprs, _ = launch
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
-        return None
+        return
     device = x.get_device()
     if device == torch.cuda.current_device():
-        return _launch_on(device, launch, tensors)
+        _launch_on(device, launch, tensors)
+        return
     with torch.cuda.device(device):
-        go = _launch_on(device, launch, tensors)
-    return None if go is None else _switching(device, go)
+        _launch_on(device, launch, tensors)
 
 
-def _launch_on(device: int, launch: Launch, tensors: tuple
-               ) -> Callable[[Sequence], None] | None:
+def _launch_on(device: int, launch: Launch, tensors: tuple) -> None:
     """``_launch`` on the current device, ``device``: through Triton's JIT the first time a
     key is seen (it compiles and specializes), then straight through the compiled kernel's
     launcher with the same arguments (the JIT's own argument binding costs several
@@ -503,7 +499,7 @@ def _launch_on(device: int, launch: Launch, tensors: tuple
     go = _launchers.get(key)
     if go is not None:
         go(tensors)
-        return go
+        return
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
     arguments = len(tensors) + len(scalars) + len(constexprs)
@@ -511,8 +507,6 @@ def _launch_on(device: int, launch: Launch, tensors: tuple
         if len(_launchers) >= MAX_LAUNCHERS:
             _launchers.clear()
         _launchers[key] = _bound(kernel[grid], launch, device)
-        return _launchers[key]
-    return None
 
 
 def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
@@ -525,15 +519,6 @@ def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence]
     def go(pointers: Sequence) -> None:
         runner(*pointers, *tail, stream=current_stream(device))
     return go
-
-
-def _switching(device: int, go: Callable[[Sequence], None]) -> Callable[[Sequence], None]:
-    """``go`` run with ``device`` made current (the recipe of a call whose tensors are on
-    another device than the current one: replays of it meet the same current device)."""
-    def on_device(pointers: Sequence) -> None:
-        with torch.cuda.device(device):
-            go(pointers)
-    return on_device
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
