@@ -47,7 +47,7 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
            sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
            positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x in ``xs``, into ``outs`` (None: a
-    new contiguous tensor); arguments as for ``ropelib.triton_rope.run``. Tables (or rows)
+    new tensor, ``new_output``); arguments as for ``ropelib.triton_rope.run``. Tables (or rows)
     wider than ``rotary_dim // 2`` are read in their first ``rotary_dim // 2`` columns."""
     cos, sin = cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2]
     if positions is not None:

@@ -422,7 +422,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
              step: bool, clamp: bool, check: bool, slotted: bool, cuda: bool,
              config: Config | None, in_place: bool) -> Launch | None:
     """The launch of a call with tensors of these (shape, strides, dtype) (an out of None: a
-    new contiguous tensor): every number the kernel gets but its pointers, worked out once per
+    new tensor, ``new_output``): every number the kernel gets but its pointers, worked out once per
     shape (``Plan.launch``: a launch's Python costs more than the kernel of a decode step).
     ``pairs_with_axes``: (pairs, stride) of ``axes``, None without. None: nothing to do (an
     empty tensor)."""
