@@ -267,8 +267,7 @@ def plain_call(*tensors: torch.Tensor) -> bool:
     that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
     or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
     Python layers, which at small shapes cost more than the rotation."""
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode()):
+    if watched():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -277,10 +276,20 @@ def plain_call(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def watched() -> bool:
+    """Whether a compiler, tracer, ``torch.func`` transform or dispatch mode watches the
+    call (it must see the operators, not their implementation)."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode())
+
+
 def plain_tensor(t: torch.Tensor) -> bool:
     """Whether t is a ``torch.Tensor`` itself, not a subclass nor a ``torch.func`` wrapper
     (such as one kept after its transform ended, which the dispatcher unwraps)."""
-    return type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    return type(t) is torch.Tensor and not functorch_wrapped(t)
+
+
+functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -298,15 +307,15 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     ``outs`` (named ``names[i] = (its name, its x's name)``): it may not overlap the tables,
     nor share an element with its x unless it is x itself; for a query and a key rotated
     together, neither destination may share an element with the other x or the other
-    destination. Each tensor's addresses are worked out once (``_byte_span``). Meta tensors
+    destination. Each tensor's addresses are worked out once (``byte_span``). Meta tensors
     hold no memory (every one reports address 0): nothing to check. An inference tensor
     (made under ``torch.inference_mode()``) takes no write outside inference mode, as
     PyTorch's own in-place operators refuse it."""
-    tables = (("cos", _byte_span(cos)), ("sin", _byte_span(sin)))
-    x_spans = [_byte_span(x) for x in xs]
+    tables = (("cos", byte_span(cos)), ("sin", byte_span(sin)))
+    x_spans = [byte_span(x) for x in xs]
     in_place = [out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
                 for x, out in zip(xs, outs, strict=True)]
-    out_spans = [x_span if same else _byte_span(out)
+    out_spans = [x_span if same else byte_span(out)
                  for x_span, same, out in zip(x_spans, in_place, outs, strict=True)]
     for x, out, x_span, same, out_span, (name, x_name) in zip(
             xs, outs, x_spans, in_place, out_spans, names, strict=True):
@@ -338,10 +347,10 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
 
 def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b address a common element (a tensor shares all of its own)."""
-    return _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b)
+    return _intersect(byte_span(a), byte_span(b)) and _share_elements(a, b)
 
 
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
     meta tensor (it holds no memory). Only views of one buffer can have intersecting
     spans."""
@@ -414,7 +423,7 @@ def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                        pending, check)[0]
 
 
-_OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
+OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
 
 
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
@@ -435,7 +444,7 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
         for x, out in zip(xs, outs, strict=True):
             check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
         if outs[0] is not None:
-            check_out_memory(xs, outs, cos, sin, _OUT_NAMES[len(xs)])
+            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None

@@ -394,21 +394,42 @@ def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, ax
     """``run`` into the given destinations (``plan``: their tensors' ``examine``, with None
     for a new destination); with ``slot``, the last x is copied (not rotated) and the
     destinations of all but the first are written from row ``slot``."""
-    x = xs[0]
-    launch = plan.launch(
+    in_place = all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True))
+    launch(prepare(plan, xs, outs, layout, rotary_dim, inverse, axes, pending,
+                   slot is not None, in_place, config), xs, outs, cos, sin, positions, axes, slot)
+
+
+def prepare(plan: Plan, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+            layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
+            pending, slotted: bool, in_place: bool, config: Config | None = None
+            ) -> Launch | None:
+    """The launch of a call that ``plan`` (``examine`` of its tensors) takes, arguments as
+    for ``run`` (``slotted``: a cache step, ``run_cache``; ``in_place``: every destination
+    is its x, so the pass-through channels are not copied): every number the kernel gets
+    but its pointers (None: empty tensors, nothing to launch)."""
+    return plan.launch(
         layout, rotary_dim, inverse, None if axes is None else (*axes.shape, *axes.stride()),
         pending is not None and pending.step, pending is not None and pending.clamp,
-        pending is not None, slot is not None, x.is_cuda, config,
-        all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True)))
-    if launch is None:
+        pending is not None, slotted, xs[0].is_cuda, config, in_place)
+
+
+def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+           cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
+           axes: torch.Tensor | None, slot: torch.Tensor | None = None) -> None:
+    """Launches ``prepared`` (``prepare``'s) on these tensors: only their addresses are
+    read, the rest (strides too) is in the launch: x, the destinations, the tables, the
+    coordinates and axes and the slot as ``run`` and ``run_cache`` take them, or tensors
+    that start at the same addresses."""
+    if prepared is None:
         return
+    x = xs[0]
     two = xs[1] if len(xs) > 1 else x
     three = xs[2] if slot is not None else x
     placeholder = cos  # an unused pointer argument (Triton wants a tensor there)
     tensors = (x, outs[0], two, outs[1] if len(xs) > 1 else outs[0], three, outs[-1], cos, sin,
                placeholder if positions is None else positions,
                placeholder if axes is None else axes, placeholder if slot is None else slot)
-    _launch(x, launch, tensors)
+    _launch(x, prepared, tensors)
 
 
 def _meta(t: torch.Tensor) -> tuple:

@@ -123,11 +123,16 @@ def test_threads_with_different_shapes(monkeypatch):
 
 def test_a_changed_backend_is_taken_by_the_next_call(monkeypatch):
     """ROPELIB_BACKEND read by each call: triton, then eager, then native, for one signature
-    (spies on each backend's run), each result the rotation."""
+    (spies on the native and eager backends' run and on the Triton kernel's launch, which
+    a planned call makes without its run), each result the rotation."""
     ran = []
-    for name, module in (("native", native), ("eager", eager), ("triton", triton_rope)):
-        monkeypatch.setattr(module, "run", lambda *a, _n=name, _r=module.run, **kw: (
-            ran.append(_n), _r(*a, **kw))[1])
+
+    def spy(name, real):
+        return lambda *args, **kwargs: (ran.append(name), real(*args, **kwargs))[1]
+
+    for name, module, entry in (("native", native, "run"), ("eager", eager, "run"),
+                                ("triton", triton_rope, "launch")):
+        monkeypatch.setattr(module, entry, spy(name, getattr(module, entry)))
     cos, sin = tables()
     x = torch.randn(2, 4, 3, D)
     for name in ("triton", "eager", "native", "triton"):
