@@ -15,8 +15,10 @@ positions with ``axes`` are handed on, for the kernel to read the rows itself); 
 ``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
 an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
 so the autograd formula registered here for that operator is the same operator with
-``inverse=True`` (sin read as -sin). Nothing is cached on the caller's tensors: every call
-works from the tensors it is given.
+``inverse=True`` (sin read as -sin). On the device route each public function first looks
+its call's signature up in ``ropelib.plans``: a call seen before checks only its addresses
+and launches the Triton kernel as the first call prepared it. Nothing is cached on the
+caller's tensors: every call works from the tensors it is given.
 """
 
 from __future__ import annotations

@@ -169,3 +169,32 @@ def test_destinations_that_meet_another_tensor_are_refused_on_a_later_call():
                                                       torch.empty_like(k)))
     with pytest.raises(ValueError, match="k_out shares memory with q"):
         apply_rope_qk(q, k, cos, sin, layout="half", out=(torch.empty_like(q), q))
+
+
+def test_in_place_and_a_separate_destination_of_one_shape():
+    """A partial rotation in place (the pass-through channels stay where they are), then
+    into a separate buffer of the same shape and strides, and back: the buffer gets the
+    pass-through channels copied, whatever the call before it did."""
+    cos, sin = generate_rope_embeddings(64, D // 2)
+    x = torch.randn(2, 4, 3, D)
+    rotated = rope_by_pairs(x[..., :D // 2].to(F64), angles(torch.arange(3), thetas(D // 2)),
+                            "half").to(x.dtype)
+    want = torch.cat([rotated, x[..., D // 2:]], dim=-1)
+    for _ in range(2):
+        y = x.clone()
+        close(apply_rope(y, cos, sin, layout="half", rotary_dim=D // 2, out=y), want)
+        out = torch.full_like(x, float("nan"))
+        close(apply_rope(x, cos, sin, layout="half", rotary_dim=D // 2, out=out), want)
+
+
+def test_an_inference_destination_is_refused_on_a_later_call():
+    """A destination made under ``torch.inference_mode()`` is refused outside it, on the
+    first call of a signature and on a later one, as PyTorch refuses in-place updates of
+    inference tensors."""
+    cos, sin = tables()
+    x = torch.randn(2, 4, 3, D)
+    apply_rope(x, cos, sin, layout="half", out=torch.empty_like(x))
+    with torch.inference_mode():
+        out = torch.empty_like(x)
+    with pytest.raises(ValueError, match="out is an inference tensor"):
+        apply_rope(x, cos, sin, layout="half", out=out)
