@@ -42,7 +42,7 @@ class Plan(NamedTuple):
     such calls with ``launch`` (its ``prepare``'s; None: the tensors are empty, nothing to
     launch), or None when another backend takes them (they take the full path).
     ``extents``: the bytes each tensor of ``checked`` spans, whose addresses must be apart
-    (``apart``); ``in_place``: every destination is its x (same strides)."""
+    (``apart``); ``in_place``: every destination is its x itself."""
 
     kernel: ModuleType | None
     launch: object = None

@@ -315,11 +315,12 @@ def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
     """``plans.signature`` of a call on the device route (``_on_device``) with x's ``xs``,
     their destinations ``outs`` (None: new), the caller's tensors ``given``
     (``_caller_tensors``, with a cache step's slot) and options, with whether every
-    destination is its x (``plans.in_place``). None for a call that takes the full path: on
-    the host, under a ``torch.func`` transform or forward AD, ``outs`` not one per x, an
-    offset with positions or an int offset other than 0 (its rows are a slice that depends
-    on the value)."""
-    if (not _on_device(xs[0]) or (torch.is_grad_enabled() and xs[0].requires_grad)
+    destination is its x (``plans.in_place``). None for a call that takes the full path: x
+    not a plain tensor, on the host or recording autograd, a ``torch.func`` transform or
+    forward AD active, ``outs`` not one per x, an offset with positions or an int offset
+    other than 0 (its rows are a slice that depends on the value)."""
+    if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
+            or (torch.is_grad_enabled() and xs[0].requires_grad)
             or _transformed() or not (type(outs) in (tuple, list) and len(outs) == len(xs))):
         return None
     if not ((type(offset) is int and offset == 0)

@@ -198,3 +198,18 @@ def test_an_inference_destination_is_refused_on_a_later_call():
         out = torch.empty_like(x)
     with pytest.raises(ValueError, match="out is an inference tensor"):
         apply_rope(x, cos, sin, layout="half", out=out)
+
+
+def test_arguments_of_the_wrong_kind_are_refused_by_name():
+    """A call whose x, q or cache is not a tensor gets the checks' TypeError or ValueError
+    naming it, not an error from the signature of the call."""
+    cos, sin = tables()
+    q = torch.randn(2, 4, 3, D)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        apply_rope(q.tolist(), cos, sin)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        apply_rope_qk(q.tolist(), q, cos, sin)
+    with pytest.raises(TypeError, match="out must be a pair"):
+        apply_rope_qk(q, q, cos, sin, out=q)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        apply_rope_qk(q, None, cos, sin)
