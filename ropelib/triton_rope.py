@@ -27,9 +27,11 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
 ``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
 interface every backend of ``ropelib.kernels`` has. ``examine`` gives the verdict as a
 ``Plan`` that ``run`` takes on: one lookup per call, by the tensors' shapes, strides and
-dtypes, for the verdict and the prepared launch. CUDA tensors run the compiled kernel; CPU
-tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests
-check every feature on machines without a GPU. Nothing of a tensor is kept between calls
+dtypes, for the verdict and the prepared launch. ``run``'s launch has two halves,
+``prepare`` (its numbers) and ``launch`` (made with the tensors' addresses), which
+``ropelib.plans`` calls apart. CUDA tensors run the compiled kernel; CPU tensors run it in
+Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests check every
+feature on machines without a GPU. Nothing of a tensor is kept between calls
 (the plans hold numbers and dtypes).
 """
 
