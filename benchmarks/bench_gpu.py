@@ -6,8 +6,6 @@
                                                        # once at tiny shapes (no timing)
     python benchmarks/bench_gpu.py --only host         # any machine: the host's time per
                                                        # call, launches stubbed
-    python benchmarks/bench_gpu.py --only host --replay-base REV  # and with the replay
-                                                       # module of commit REV, in turn
 
 Every time is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed between
 runs) and every ratio is to a baseline timed in the same process: ``copy_`` of the same bytes
@@ -55,7 +53,6 @@ from ropelib import (  # noqa: E402
     apply_rope_qk_to_cache,
     backend_status,
     kernels,
-    replay,
     triton_rope,
 )
 from ropelib.multiaxis import axis_of_pairs, mrope_positions  # noqa: E402
@@ -72,7 +69,6 @@ DRY = {"shape": (1, 4, 16, 16), "qk_heads": (4, 2), "mrope_shape": (1, 2, 49, 16
        "width": 64, "tokens": 16, "capacity": 16}
 DEVICE = "cuda"
 DRY_RUN = False
-REPLAY_BASE = None  # --replay-base: another commit's ropelib/replay.py, for the host table
 
 
 def sync() -> None:
@@ -109,42 +105,29 @@ def table(title: str, times: dict[str, float], baseline: str, nbytes: int) -> No
         print(f"{name:<40}{ms * 1e3:11.1f}{ms / base:14.2f}{nbytes / (ms * 1e-3) / 1e9:8.0f}")
 
 
-@contextlib.contextmanager
-def replayed_by_key():
-    """Replays found by their keys alone (in Python), as before ``ropelib.replay`` kept
-    guards (``TensorGuards``) of each kind's last recipes."""
-    known, guards = replay._known, replay.TensorGuards
-    replay._known, replay.TensorGuards = {}, None
-    try:
-        yield
-    finally:
-        replay._known, replay.TensorGuards = known, guards
-
-
 def recorded_launch(step) -> Callable[[], None] | None:
-    """The one launch ``step`` makes, as a function of no arguments: the prepared launch
-    ``ropelib.triton_rope`` tells ``ropelib.replay`` of (Triton's compiled-kernel runner and
-    the driver's launch) with the pointers of that call, and none of ropelib's Python; None
-    where the step makes no such launch (Triton's interpreter)."""
-    replay._local.launches = []
-    try:
+    """The one launch ``step`` makes, as a function of no arguments: ``triton_rope._launch``
+    (the prepared launch: Triton's compiled-kernel runner and the driver's launch) with that
+    call's tensors, and none of ropelib's Python above it; None where the step makes no
+    launch or several."""
+    from unittest import mock
+
+    made = []
+    launch = triton_rope._launch
+    with mock.patch.object(triton_rope, "_launch", lambda *args: made.append(args)):
         step()
-    finally:
-        launches, replay._local.launches = replay._local.launches, None
-    if len(launches) != 1 or launches[0][1] is None:
+    if len(made) != 1:
         return None
-    kernel_tensors, go = launches[0]
-    pointers = [t.data_ptr() for t in kernel_tensors]
-    return lambda: go(pointers)
+    x, prepared, tensors = made[0]
+    return lambda: launch(x, prepared, tensors)
 
 
 @contextlib.contextmanager
 def kernel_swapped(kernel):
-    """``triton_rope``'s JIT kernel replaced by ``kernel`` (its prepared launchers and the
-    replay's recipes forgotten meanwhile), then everything as it was."""
+    """``triton_rope``'s JIT kernel replaced by ``kernel`` (its prepared launchers forgotten
+    meanwhile), then everything as it was."""
     default, launchers = triton_rope._compiled, dict(triton_rope._launchers)
     triton_rope._launchers.clear()
-    replay.clear()
     triton_rope._compiled = kernel
     try:
         yield
@@ -152,7 +135,6 @@ def kernel_swapped(kernel):
         triton_rope._compiled = default
         triton_rope._launchers.clear()
         triton_rope._launchers.update(launchers)
-        replay.clear()
 
 
 def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]:
@@ -175,12 +157,8 @@ def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]
                 return made[-1][0]
             return call
 
-    replay.ENABLED = False
-    try:
-        with kernel_swapped(Recording()):
-            step()
-    finally:
-        replay.ENABLED = True
+    with kernel_swapped(Recording()):
+        step()
     (kernel, grid, args), = made
     kernel._cubin_path = None  # the constructor reads it; the cubin is written from asm below
     static = StaticallyLaunchedCudaKernel(kernel)
@@ -196,35 +174,6 @@ def statically_launched(step, outputs: list[torch.Tensor]) -> Callable[[], None]
     if not all(torch.equal(o, e) for o, e in zip(outputs, expected, strict=True)):
         raise RuntimeError("its outputs differ from ropelib's launch")
     return lambda: static.run(*grid, stream, *kept)
-
-
-def load_replay(revision: str):
-    """``ropelib/replay.py`` as it was at a git revision, loaded as a module of its own (its
-    ``run`` and ``noted`` stand in for this checkout's in ``base_replay``)."""
-    import subprocess
-    import types
-
-    root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "show", f"{revision}:ropelib/replay.py"], cwd=root,
-                            capture_output=True, text=True, check=True).stdout
-    module = types.ModuleType(f"replay_at_{revision}")
-    sys.modules[module.__name__] = module  # its NamedTuples look their module up
-    exec(compile(source, f"{revision}:ropelib/replay.py", "exec"), module.__dict__)
-    return module
-
-
-@contextlib.contextmanager
-def base_replay():
-    """Calls replayed by ``REPLAY_BASE`` (another commit's replay module) instead of this
-    checkout's: the callers and the launch are this checkout's, so only the replay differs."""
-    ours = {name: getattr(replay, name) for name in ("run", "noted")}
-    for name in ours:
-        setattr(replay, name, getattr(REPLAY_BASE, name))
-    try:
-        yield
-    finally:
-        for name, fn in ours.items():
-            setattr(replay, name, fn)
 
 
 def timed(cases: dict[str, object]) -> dict[str, float]:
@@ -655,26 +604,13 @@ def decode_table() -> None:
     def ropelib_step():
         apply_rope_qk(q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out))
 
-    def whole_path_step():
-        replay.ENABLED = False
-        try:
-            ropelib_step()
-        finally:
-            replay.ENABLED = True
-
-    def key_step():
-        with replayed_by_key():
-            ropelib_step()
-
     def jit_launch_step():
         with_raw, triton_rope._RAW_LAUNCH = triton_rope._RAW_LAUNCH, False
         triton_rope._launchers.clear()
-        replay.ENABLED = False
         try:
             ropelib_step()
         finally:
             triton_rope._RAW_LAUNCH = with_raw
-            replay.ENABLED = True
 
     def hf_step():
         c, s = cos_full[positions][:, None], sin_full[positions][:, None]
@@ -688,8 +624,6 @@ def decode_table() -> None:
             q, k, cos, sin, layout="half", offset=offset, out=(q_out, k_out)),
         "ropelib M-RoPE positions out=": lambda: apply_rope_qk(
             q, k, cos, sin, layout="half", positions=mrope, axes=axes, out=(q_out, k_out)),
-        "ropelib positions out=, found by its key": key_step,
-        "ropelib positions out=, whole path": whole_path_step,
         "ropelib, Triton's JIT launch every call": jit_launch_step,
         "HF eager": hf_step,
         "one PyTorch kernel: q_out.copy_(q)": lambda: q_out.copy_(q),
@@ -955,62 +889,35 @@ def host_cases() -> dict:
 
 @contextlib.contextmanager
 def gpu_route_stubbed():
-    """CPU tensors on the route of CUDA tensors (values not read, the Triton backend, calls
-    replayed), the launch replaced by a no-op."""
+    """CPU tensors on the route of CUDA tensors (values not read, the Triton backend), the
+    launch replaced by a no-op."""
     from unittest import mock
 
     from ropelib import rotation
 
     with mock.patch.dict(os.environ, {"ROPELIB_BACKEND": "triton"}), \
             mock.patch.object(rotation, "_on_device", lambda t: True), \
-            mock.patch.object(replay, "_on_gpu", lambda t: True), \
-            mock.patch.object(triton_rope, "_launch", lambda *args: lambda pointers: None):
+            mock.patch.object(triton_rope, "_launch", lambda *args: None):
         yield
 
 
 def host_table() -> None:
     """The host's time per call of ``host_cases``, launches stubbed (``gpu_route_stubbed``):
     ropelib's Python on the route of CUDA tensors. Needs no GPU. (The Hugging Face formula's
-    cost per call on a GPU is its launches: decode_table's wall time.) With
-    ``--replay-base REV`` a fourth column: the call replayed by that commit's replay module
-    (``base_replay``), the paths taking turns as the other three do."""
-    from unittest import mock
-
-    cases = host_cases()
-    paths = {"whole": contextlib.nullcontext, "guard": contextlib.nullcontext,
-             "key": replayed_by_key}
-    if REPLAY_BASE is not None:
-        paths[REPLAY_BASE.__name__] = base_replay
+    cost per call on a GPU is its launches: decode_table's wall time.)"""
     print("\nhost time per call, launch stubbed (CPU: " + (
-        "dry run" if DRY_RUN else "the machine's") + "): the whole path, the call replayed "
-          "(ropelib.replay: found by its recipe's guard), and replayed but found by its key"
-          + ("" if REPLAY_BASE is None else f"; then replayed by {REPLAY_BASE.__name__}, "
-             "and the median of the samples' ratios of this checkout's replay (by guard) to "
-             "its"))
-    base_on_gpu = (contextlib.nullcontext() if REPLAY_BASE is None
-                   else mock.patch.object(REPLAY_BASE, "_on_gpu", lambda t: True))
-    with gpu_route_stubbed(), base_on_gpu:
-        for name, fn in cases.items():
-            samples = {path: [] for path in paths}
-            for _ in range(1 if DRY_RUN else 7):  # the paths in turn: the load moves them
-                for path, times in samples.items():
-                    replay.ENABLED = path != "whole"
-                    with paths[path]():
-                        fn()
-                        start = time.perf_counter()
-                        for _ in range(1 if DRY_RUN else 2000):
-                            fn()
-                    times.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000)
-                                 * 1e6)
-            shown = ["ran" if DRY_RUN else f"{statistics.median(times):8.1f} us"
-                     for times in samples.values()]
-            replay.clear()
-            if REPLAY_BASE is not None:
-                REPLAY_BASE.clear()
-                ratios = [ours / base for ours, base in
-                          zip(samples["guard"], samples[REPLAY_BASE.__name__], strict=True)]
-                shown.append("" if DRY_RUN else f"x{statistics.median(ratios):.2f}")
-            print(f"  {name:<48}" + "".join(f"{cell:>12}" for cell in shown))
+        "dry run" if DRY_RUN else "the machine's") + ")")
+    with gpu_route_stubbed():
+        for name, fn in host_cases().items():
+            times = []
+            for _ in range(1 if DRY_RUN else 7):
+                fn()
+                start = time.perf_counter()
+                for _ in range(1 if DRY_RUN else 2000):
+                    fn()
+                times.append((time.perf_counter() - start) / (1 if DRY_RUN else 2000) * 1e6)
+            shown = "ran" if DRY_RUN else f"{statistics.median(times):8.1f} us"
+            print(f"  {name:<48}{shown:>12}")
 
 
 def launch_path_table() -> None:
@@ -1119,18 +1026,13 @@ def dry_run_settings() -> None:
 
 
 def main() -> int:
-    global DEVICE, REPLAY_BASE
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's tiles")
     parser.add_argument("--only", help=f"comma-separated tables of {', '.join(TABLES)}")
     parser.add_argument("--dry-run", action="store_true",
                         help="run every table's code once on the CPU at tiny shapes")
-    parser.add_argument("--replay-base", metavar="REV",
-                        help="the host table also replays calls with ropelib/replay.py as "
-                             "it was at this git revision")
     args = parser.parse_args()
-    if args.replay_base:
-        REPLAY_BASE = load_replay(args.replay_base)
     if args.dry_run:
         dry_run_settings()
     elif not torch.cuda.is_available() and args.only != "host":

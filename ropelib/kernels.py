@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import eager, native, replay
+from . import eager, native
 from ._checks import FLOAT_DTYPES, check_coordinates, check_rotation_operands, tracing
 
 BACKENDS = ("native", "triton", "eager")
@@ -71,10 +71,9 @@ def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
             table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
         axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
 
-    The arguments are checked before the loop runs (``check_rotation_operands``, on
-    ``run_backend``'s whole path: a replayed call's key holds all it reads): a table pair of
-    other shapes, dtypes or devices, rows that do not cover x's, or a short ``axes`` is a
-    ValueError, never a read past a tensor.
+    The arguments are checked before the loop runs (``check_rotation_operands``): a table
+    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short
+    ``axes`` is a ValueError, never a read past a tensor.
     """
     return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                         check=True)
@@ -268,8 +267,7 @@ def plain_call(*tensors: torch.Tensor) -> bool:
     that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
     or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
     Python layers, which at small shapes cost more than the rotation."""
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode()):
+    if watched():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -278,10 +276,20 @@ def plain_call(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def watched() -> bool:
+    """Whether a compiler, tracer, ``torch.func`` transform or dispatch mode watches the
+    call (it must see the operators, not their implementation)."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode())
+
+
 def plain_tensor(t: torch.Tensor) -> bool:
     """Whether t is a ``torch.Tensor`` itself, not a subclass nor a ``torch.func`` wrapper
     (such as one kept after its transform ended, which the dispatcher unwraps)."""
-    return type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    return type(t) is torch.Tensor and not functorch_wrapped(t)
+
+
+functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -299,15 +307,15 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     ``outs`` (named ``names[i] = (its name, its x's name)``): it may not overlap the tables,
     nor share an element with its x unless it is x itself; for a query and a key rotated
     together, neither destination may share an element with the other x or the other
-    destination. Each tensor's addresses are worked out once (``_byte_span``). Meta tensors
+    destination. Each tensor's addresses are worked out once (``byte_span``). Meta tensors
     hold no memory (every one reports address 0): nothing to check. An inference tensor
     (made under ``torch.inference_mode()``) takes no write outside inference mode, as
     PyTorch's own in-place operators refuse it."""
-    tables = (("cos", _byte_span(cos)), ("sin", _byte_span(sin)))
-    x_spans = [_byte_span(x) for x in xs]
+    tables = (("cos", byte_span(cos)), ("sin", byte_span(sin)))
+    x_spans = [byte_span(x) for x in xs]
     in_place = [out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
                 for x, out in zip(xs, outs, strict=True)]
-    out_spans = [x_span if same else _byte_span(out)
+    out_spans = [x_span if same else byte_span(out)
                  for x_span, same, out in zip(x_spans, in_place, outs, strict=True)]
     for x, out, x_span, same, out_span, (name, x_name) in zip(
             xs, outs, x_spans, in_place, out_spans, names, strict=True):
@@ -339,17 +347,23 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
 
 def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b address a common element (a tensor shares all of its own)."""
-    return _intersect(_byte_span(a), _byte_span(b)) and _share_elements(a, b)
+    return _intersect(byte_span(a), byte_span(b)) and _share_elements(a, b)
 
 
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
     meta tensor (it holds no memory). Only views of one buffer can have intersecting
     spans."""
     if t.is_meta or not t.numel():
         return 0, 0
     start = t.data_ptr()
-    return start, start + (t.nbytes if t.is_contiguous() else replay.extent(t))
+    return start, start + (t.nbytes if t.is_contiguous() else _extent(t))
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from t's first element to past its last (t not empty)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * (
+        t.element_size())
 
 
 def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -409,6 +423,9 @@ def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                        pending, check)[0]
 
 
+OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
+
+
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
@@ -419,38 +436,15 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
     directly for plain tensors in eager mode (``plain_call``), by the operators'
     implementations and by the autograd formulas; arguments as for ``ropelib::rotate``.
     Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
-    one launch); for another backend ``settle`` checks them first. On a GPU a call seen
-    before is replayed (``ropelib.replay``): the rotations inside a training step, a
-    compiled graph's operator, and public calls that are not replayed whole.
+    one launch); for another backend ``settle`` checks them first.
 
-    ``check`` (the operators' implementations): the operands are checked first, on the
-    whole path only (``check_rotation_operands`` of each x, ``check_out_memory`` of the
-    destinations): a replay's key holds all the first reads, and a call whose destinations
-    meet other tensors otherwise than the recorded call's takes the whole path."""
-    count = len(xs)
-    return replay.run(
-        (count, layout, rotary_dim, inverse, pending, check) if type(rotary_dim) is int
-        else None, (*xs, *outs, cos, sin, positions, axes), _PAIRS[count], _DESTINATIONS[count],
-        lambda: _run_backend(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                             pending, check), bump=False)
-
-
-_PAIRS = {1: ((0, 1),), 2: ((0, 2), (1, 3))}  # run_backend's (x, destination) slots
-_DESTINATIONS = {1: (1,), 2: (2, 3)}
-_OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
-
-
-def _run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                 inverse: bool, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None, pending: Pending | None, check: bool
-                 ) -> list[torch.Tensor]:
-    """``run_backend``'s whole path."""
+    ``check`` (the operators' implementations): the operands are checked first
+    (``check_rotation_operands`` of each x, ``check_out_memory`` of the destinations)."""
     if check:
         for x, out in zip(xs, outs, strict=True):
             check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
         if outs[0] is not None:
-            check_out_memory(xs, outs, cos, sin, _OUT_NAMES[len(xs)])
+            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None

@@ -15,18 +15,21 @@ positions with ``axes`` are handed on, for the kernel to read the rows itself); 
 ``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
 an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
 so the autograd formula registered here for that operator is the same operator with
-``inverse=True`` (sin read as -sin). Nothing is cached on the caller's tensors: every call
-works from the tensors it is given.
+``inverse=True`` (sin read as -sin). On the device route each public function first looks
+its call's signature up in ``ropelib.plans``: a call seen before checks only its addresses
+and launches the Triton kernel as the first call prepared it. Nothing is cached on the
+caller's tensors: every call works from the tensors it is given.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch.autograd import forward_ad
 
-from . import distributed, eager, kernels, replay
+from . import distributed, eager, kernels, plans
 from ._checks import (
     as_int,
     broadcasts,
@@ -87,18 +90,11 @@ def apply_rope(
         elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
         attention reads without a copy); on the CPU it is contiguous.
     """
-    return replay.run(
-        _options("rope", layout, short_table, rotary_dim, offset),
-        (x, cos, sin, positions, _offset_tensor(offset), axes, out), ((0, 6),), (6,),
-        lambda: _apply_rope(x, cos, sin, layout, positions, offset, rotary_dim, short_table,
-                            out, axes))
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                positions: torch.Tensor | None, offset: int, rotary_dim: int | None,
-                short_table: str, out: torch.Tensor | None, axes: torch.Tensor | None
-                ) -> torch.Tensor:
-    """``apply_rope``'s whole path (``ropelib.replay``: the fast one)."""
+    given = _caller_tensors(cos, sin, positions, offset, axes)
+    key = _signature((x,), (out,), given, (layout, rotary_dim, short_table), positions, offset)
+    plan = plans.find(key)
+    if plan is not None and plan.kernel is not None:
+        return _run_plan(plan, (x,), (out,), given)[0]
     if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
         cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
@@ -106,6 +102,11 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
         _check_out(out, x, cos, sin)
     cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
                                                  short_table, axes)
+    if key is not None:
+        plan = plans.make(key, [x], [out], cos, sin, layout, rd, coordinates, axes, pending,
+                          given)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, (x,), (out,), given)[0]
     if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
         coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
@@ -146,27 +147,18 @@ def apply_rope_qk(
         ``(q_rotated, k_rotated)``: new tensors (laid out as ``apply_rope``'s), or the
         destinations.
     """
-    outs = (q, k) if inplace is True and out is None else out
-    options = _options("qk", layout, short_table, rotary_dim, offset, inplace, outs is None)
-    if outs is None:
-        outs = (None, None)
-    elif type(outs) not in (tuple, list) or len(outs) != 2:
-        options = None
-    return replay.run(
-        options, (q, k, cos, sin, positions, _offset_tensor(offset), axes, *outs),
-        ((0, 7), (1, 8)), (7, 8),
-        lambda: _apply_rope_qk(q, k, cos, sin, layout, positions, offset, rotary_dim,
-                               short_table, out, inplace, axes))
-
-
-def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   layout: str, positions: torch.Tensor | None, offset: int,
-                   rotary_dim: int | None, short_table: str,
-                   out: tuple[torch.Tensor, torch.Tensor] | None, inplace: bool,
-                   axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``apply_rope_qk``'s whole path (``ropelib.replay``: the fast one)."""
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
+    given = _caller_tensors(cos, sin, positions, offset, axes)
+    if out is None:
+        outs = (q, k) if inplace else (None, None)
+    else:
+        outs = None if inplace else out  # both given: refused below
+    key = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions, offset)
+    plan = plans.find(key)
+    if plan is not None and plan.kernel is not None:
+        q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
+        return q_rot, k_rot
     if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
         cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
     rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table, "q")
@@ -191,6 +183,12 @@ def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
             _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
     cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
                                                  short_table, axes)
+    if key is not None:
+        plan = plans.make(key, [q, k], list(outs), cos, sin, layout, rd, coordinates, axes,
+                          pending, given)
+        if plan is not None and plan.kernel is not None:
+            q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
+            return q_rot, k_rot
     if type(q) is not torch.Tensor:
         coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
@@ -249,20 +247,14 @@ def apply_rope_qk_to_cache(
             device, caches of two capacities or sharing memory, and (where they are on the
             host) slots outside the capacity or positions outside the table.
     """
-    return replay.run(
-        _options("cache", layout, short_table, rotary_dim, 0),
-        (q, k, v, cos, sin, key_cache, value_cache, cache_position, positions), (), (5, 6),
-        lambda: _apply_rope_qk_to_cache(q, k, v, cos, sin, key_cache, value_cache,
-                                        cache_position, layout, positions, rotary_dim,
-                                        short_table))
-
-
-def _apply_rope_qk_to_cache(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    key_cache: torch.Tensor, value_cache: torch.Tensor, cache_position: torch.Tensor,
-    layout: str, positions: torch.Tensor | None, rotary_dim: int | None, short_table: str,
-) -> torch.Tensor:
-    """``apply_rope_qk_to_cache``'s whole path (``ropelib.replay``: the fast one)."""
+    slots_are_positions = positions is None and isinstance(cos, torch.Tensor) and cos.ndim == 2
+    given = (cos, sin, cache_position if slots_are_positions else positions, None,
+             cache_position)
+    key = _signature((q, k, v), (None, key_cache, value_cache), given,
+                     (layout, rotary_dim, short_table))
+    plan = plans.find(key)
+    if plan is not None and plan.kernel is not None:
+        return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
     rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
     for name, t in (("k", k), ("v", v)):
         check_float_tensor(name, t)
@@ -286,10 +278,7 @@ def _apply_rope_qk_to_cache(
         raise ValueError(f"key_cache and value_cache must have one capacity (dim -2): "
                          f"key_cache has {key_cache.shape[-2]} slots, value_cache "
                          f"{value_cache.shape[-2]}")
-    if kernels.share_memory(key_cache, value_cache):
-        raise ValueError("key_cache shares memory with value_cache: the step would write v "
-                         "over k (or k over v) in the slots they share; pass two separate "
-                         "caches")
+    _check_caches_apart(key_cache, value_cache)
     slot = check_int_tensor("cache_position", cache_position)
     if slot.numel() != 1:
         raise ValueError(f"cache_position must be a single slot (a 0-d integer tensor), got "
@@ -304,28 +293,69 @@ def _apply_rope_qk_to_cache(
     offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
     cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
                                               None)
+    if key is not None:
+        plan = plans.make(key, [q, k, v], [None, key_cache, value_cache], cos, sin, layout, rd,
+                          coordinates, None, pending, given, slot)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
     return kernels.rotate_qk_cache(q, k, v, cos, sin, layout, rd, key_cache, value_cache, slot,
                                    coordinates, pending)
 
 
-def _options(kind: str, layout: object, short_table: object, rotary_dim: object,
-             offset: object, *rest: object) -> tuple | None:
-    """What a call's replay key holds besides its tensors (``ropelib.replay``), or None
-    where the call always takes the whole path: options of other types (the whole path
-    names what is wrong) or an int offset other than 0 (its rows are a slice of the tables
-    that moves with it)."""
-    if (type(layout) is str and type(short_table) is str
-            and (rotary_dim is None or type(rotary_dim) is int)
-            and (type(offset) is int and offset == 0 or isinstance(offset, torch.Tensor))
-            and all(type(r) is bool for r in rest)):
-        return (kind, layout, short_table, rotary_dim, *rest)
-    return None
+def _caller_tensors(cos: object, sin: object, positions: object, offset: object, axes: object
+                    ) -> tuple:
+    """(cos, sin, the coordinates, axes) as the caller gave them, for ``plans``: the
+    coordinates are the positions, or a 0-d offset tensor (None for an int offset)."""
+    return cos, sin, positions if positions is not None else (
+        offset if isinstance(offset, torch.Tensor) else None), axes
 
 
-def _offset_tensor(offset: object) -> torch.Tensor | None:
-    """A 0-d offset tensor, which the replay keys and reads like any tensor (None for an
-    int, which ``_options`` allows only as 0)."""
-    return offset if isinstance(offset, torch.Tensor) else None
+def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
+               positions: object = None, offset: object = 0) -> tuple | None:
+    """``plans.signature`` of a call on the device route (``_on_device``) with x's ``xs``,
+    their destinations ``outs`` (None: new), the caller's tensors ``given``
+    (``_caller_tensors``, with a cache step's slot) and options, with whether every
+    destination is its x (``plans.in_place``). None for a call that takes the full path: x
+    not a plain tensor, on the host or recording autograd, a ``torch.func`` transform or
+    forward AD active, ``outs`` not one per x, an offset with positions or an int offset
+    other than 0 (its rows are a slice that depends on the value)."""
+    if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
+            or (torch.is_grad_enabled() and xs[0].requires_grad)
+            or _transformed() or not (type(outs) in (tuple, list) and len(outs) == len(xs))):
+        return None
+    if not ((type(offset) is int and offset == 0)
+            or (isinstance(offset, torch.Tensor) and positions is None)):
+        return None
+    return plans.signature((*xs, *outs, *given), (*options, plans.in_place(xs, outs)))
+
+
+def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
+              given: tuple) -> list[torch.Tensor]:
+    """A call on its ``plan``: what depends on addresses checked (destinations given that
+    meet what the rotation reads or writes, two caches sharing memory: exactly, where their
+    spans meet, ``plans.apart``), one launch, the given destinations' version counters
+    bumped as by any in-place write. ``given``: ``_caller_tensors`` (and a cache step's
+    slot). Returns the destinations."""
+    cos, sin, coordinates, axes, *slot = given
+    written = outs[1:] if slot else outs if outs[0] is not None else ()
+    if written:
+        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or any(
+                map(torch.Tensor.is_inference, written)):
+            if slot:
+                _check_caches_apart(outs[1], outs[2])
+            else:
+                kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
+    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, *slot)
+    if written:
+        torch.autograd.graph.increment_version(written)
+    return done
+
+
+def _check_caches_apart(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    if kernels.share_memory(key_cache, value_cache):
+        raise ValueError("key_cache shares memory with value_cache: the step would write v "
+                         "over k (or k over v) in the slots they share; pass two separate "
+                         "caches")
 
 
 def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -27,9 +27,11 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
 ``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
 interface every backend of ``ropelib.kernels`` has. ``examine`` gives the verdict as a
 ``Plan`` that ``run`` takes on: one lookup per call, by the tensors' shapes, strides and
-dtypes, for the verdict and the prepared launch. CUDA tensors run the compiled kernel; CPU
-tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests
-check every feature on machines without a GPU. Nothing of a tensor is kept between calls
+dtypes, for the verdict and the prepared launch. ``run``'s launch has two halves,
+``prepare`` (its numbers) and ``launch`` (made with the tensors' addresses), which
+``ropelib.plans`` calls apart. CUDA tensors run the compiled kernel; CPU tensors run it in
+Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests check every
+feature on machines without a GPU. Nothing of a tensor is kept between calls
 (the plans hold numbers and dtypes).
 """
 
@@ -45,7 +47,6 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import replay
 from .eager import new_output
 
 NAME = "triton"
@@ -395,21 +396,42 @@ def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, ax
     """``run`` into the given destinations (``plan``: their tensors' ``examine``, with None
     for a new destination); with ``slot``, the last x is copied (not rotated) and the
     destinations of all but the first are written from row ``slot``."""
-    x = xs[0]
-    launch = plan.launch(
+    in_place = all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True))
+    launch(prepare(plan, xs, outs, layout, rotary_dim, inverse, axes, pending,
+                   slot is not None, in_place, config), xs, outs, cos, sin, positions, axes, slot)
+
+
+def prepare(plan: Plan, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+            layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
+            pending, slotted: bool, in_place: bool, config: Config | None = None
+            ) -> Launch | None:
+    """The launch of a call that ``plan`` (``examine`` of its tensors) takes, arguments as
+    for ``run`` (``slotted``: a cache step, ``run_cache``; ``in_place``: every destination
+    is its x, so the pass-through channels are not copied): every number the kernel gets
+    but its pointers (None: empty tensors, nothing to launch)."""
+    return plan.launch(
         layout, rotary_dim, inverse, None if axes is None else (*axes.shape, *axes.stride()),
         pending is not None and pending.step, pending is not None and pending.clamp,
-        pending is not None, slot is not None, x.is_cuda, config,
-        all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True)))
-    if launch is None:
+        pending is not None, slotted, xs[0].is_cuda, config, in_place)
+
+
+def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+           cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
+           axes: torch.Tensor | None, slot: torch.Tensor | None = None) -> None:
+    """Launches ``prepared`` (``prepare``'s) on these tensors: only their addresses are
+    read, the rest (strides too) is in the launch: x, the destinations, the tables, the
+    coordinates and axes and the slot as ``run`` and ``run_cache`` take them, or tensors
+    that start at the same addresses."""
+    if prepared is None:
         return
+    x = xs[0]
     two = xs[1] if len(xs) > 1 else x
     three = xs[2] if slot is not None else x
     placeholder = cos  # an unused pointer argument (Triton wants a tensor there)
     tensors = (x, outs[0], two, outs[1] if len(xs) > 1 else outs[0], three, outs[-1], cos, sin,
                placeholder if positions is None else positions,
                placeholder if axes is None else axes, placeholder if slot is None else slot)
-    replay.noted(tensors, _launch(x, launch, tensors))
+    _launch(x, prepared, tensors)
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -471,27 +493,24 @@ def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
                       cuda).stride()
 
 
-def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> Callable[[Sequence], None] | None:
+def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
     """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU on x's device,
     which Triton takes to be the current one (a model split over GPUs, e.g. Hugging Face's
     ``device_map="auto"``, calls with tensors on another: the launch then runs with x's
-    device made current, and the current device is restored). Returns the prepared launch
-    of such pointers under the same current device (``ropelib.replay`` replays it), None
-    where there is none (the interpreter, a Triton without raw launches)."""
+    device made current, and the current device is restored)."""
     if not x.is_cuda:
         grid, scalars, constexprs, _ = launch
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
-        return None
+        return
     device = x.get_device()
     if device == torch.cuda.current_device():
-        return _launch_on(device, launch, tensors)
+        _launch_on(device, launch, tensors)
+        return
     with torch.cuda.device(device):
-        go = _launch_on(device, launch, tensors)
-    return None if go is None else _switching(device, go)
+        _launch_on(device, launch, tensors)
 
 
-def _launch_on(device: int, launch: Launch, tensors: tuple
-               ) -> Callable[[Sequence], None] | None:
+def _launch_on(device: int, launch: Launch, tensors: tuple) -> None:
     """``_launch`` on the current device, ``device``: through Triton's JIT the first time a
     key is seen (it compiles and specializes), then straight through the compiled kernel's
     launcher with the same arguments (the JIT's own argument binding costs several
@@ -503,7 +522,7 @@ def _launch_on(device: int, launch: Launch, tensors: tuple
     go = _launchers.get(key)
     if go is not None:
         go(tensors)
-        return go
+        return
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
     arguments = len(tensors) + len(scalars) + len(constexprs)
@@ -511,8 +530,6 @@ def _launch_on(device: int, launch: Launch, tensors: tuple
         if len(_launchers) >= MAX_LAUNCHERS:
             _launchers.clear()
         _launchers[key] = _bound(kernel[grid], launch, device)
-        return _launchers[key]
-    return None
 
 
 def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
@@ -525,15 +542,6 @@ def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence]
     def go(pointers: Sequence) -> None:
         runner(*pointers, *tail, stream=current_stream(device))
     return go
-
-
-def _switching(device: int, go: Callable[[Sequence], None]) -> Callable[[Sequence], None]:
-    """``go`` run with ``device`` made current (the recipe of a call whose tensors are on
-    another device than the current one: replays of it meet the same current device)."""
-    def on_device(pointers: Sequence) -> None:
-        with torch.cuda.device(device):
-            go(pointers)
-    return on_device
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,

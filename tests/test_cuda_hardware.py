@@ -81,11 +81,12 @@ def test_a_call_runs_one_kernel_and_nothing_else(name):
 @pytest.mark.parametrize("name", ["qk positions out=", "qk positions", "qk in place",
                                   "offset tensor", "M-RoPE axes", "fused decode step",
                                   "strided view"])
-def test_a_replayed_call_equals_the_whole_path(monkeypatch, name):
-    """A call seen before is replayed (``ropelib.replay``): with new tensors of the same
-    shapes, its results and the caches it writes equal, bit for bit, the whole path's on
-    copies of the same inputs (itself checked against float64 elsewhere)."""
-    from ropelib import replay
+def test_a_prepared_launch_equals_the_first_one(name):
+    """A call of a signature seen before goes straight to the compiled kernel's prepared
+    launcher: with new tensors of the same shapes, its results and the caches it writes
+    equal, bit for bit, those of a call through Triton's JIT on copies of the same inputs
+    (itself checked against float64 elsewhere)."""
+    from ropelib import triton_rope
 
     def inputs(seed: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)
@@ -117,16 +118,11 @@ def test_a_replayed_call_equals_the_whole_path(monkeypatch, name):
             layout="half", positions=t["positions"]),
         "strided view": lambda t: apply_rope(t["x"], t["cos"], t["sin"], layout="half"),
     }[name]
-    replay.clear()  # a call of the same shapes in an earlier test left its recipe
-    replayed = []
-    real = replay._replay
-    monkeypatch.setattr(replay, "_replay", lambda *a: replayed.append(1) or real(*a))
-    call(inputs(0))
+    call(inputs(0))  # compiles the kernel and prepares the launch
     tensors = inputs(1)
     copies = {n: t.clone() for n, t in tensors.items()}
     got = call(tensors)
-    assert replayed == [1]
-    monkeypatch.setattr(replay, "ENABLED", False)
+    triton_rope._launchers.clear()
     expected = call(copies)
     got, expected = ((r,) if isinstance(r, torch.Tensor) else r for r in (got, expected))
     for a, b in zip(got, expected, strict=True):
@@ -178,37 +174,6 @@ def test_a_training_step_is_one_kernel_each_way(rotate):
     for work in (device_work(forward), device_work(
             lambda: torch.autograd.grad(outputs, xs, grads, retain_graph=True))):
         assert len(work) == 1 and "rope" in work[0], work
-
-
-def test_a_training_steps_rotations_are_replayed_with_the_backward_on_the_engines_thread(
-        monkeypatch):
-    """On a GPU the autograd engine runs the backward on a thread of its own: from the second
-    step on, the forward's rotation and the backward's inverse rotation are each replayed
-    there too, found by their guards (tests/test_replay.py checks it on the CPU route, where
-    the backward runs on the caller's thread), and x's gradient equals the whole path's bit
-    for bit."""
-    from ropelib import kernels, replay
-
-    x = torch.randn(4, 8, 64, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
-    cos, sin = generate_rope_embeddings(64, 128, device=CUDA)
-    grad = torch.randn_like(x)
-
-    def step() -> torch.Tensor:
-        x.grad = None
-        apply_rope(x, cos, sin, layout="half").backward(grad)
-        return x.grad
-
-    replay.clear()
-    whole, keys = [], []
-    for module, name, calls in ((kernels, "_run_backend", whole), (replay, "_key", keys)):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, real=real, calls=calls: (
-            calls.append(1) or real(*a)))
-    replayed = [step() for _ in range(3)][-1]
-    assert len(whole) == 2  # the first step's forward and backward
-    assert len(keys) == 2  # later ones are found by their recipes' guards
-    monkeypatch.setattr(replay, "ENABLED", False)
-    assert torch.equal(replayed, step())
 
 
 @pytest.mark.parametrize(("call", "message"), [

@@ -32,6 +32,7 @@ from ropelib import (
     attention,
     kernels,
     masks,
+    plans,
     rotation,
 )
 from ropelib.tables import generate_rope_embeddings
@@ -144,42 +145,14 @@ class CountingEnviron(dict):
         return super().__getitem__(key)
 
 
-@pytest.mark.parametrize(("name", "distinct"), [
-    ("qk positions out=", 6), ("qk in place", 4), ("out=", 4), ("in place", 3)])
-def test_a_device_call_reads_the_environment_once_and_each_span_once(
-        launches, monkeypatch, name, distinct):
-    """The host's work of a call does not grow with the checks it makes (issue 44, item 1):
-    ``ROPELIB_BACKEND`` is read once, and the addresses of each distinct tensor (x or q and
-    k, their destinations, the tables) once for every overlap check of the destinations."""
-    q, k, cos, sin = decode_inputs()
-    positions = torch.randint(0, 64, (4, 1))
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    call = {
-        "qk positions out=": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
-                                                   out=(q_out, k_out)),
-        "qk in place": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
-                                             inplace=True),
-        "out=": lambda: apply_rope(q, cos, sin, positions=positions, out=q_out),
-        "in place": lambda: apply_rope(q, cos, sin, positions=positions, out=q),
-    }[name]
-    environ = CountingEnviron(os.environ)
-    monkeypatch.setattr(os, "environ", environ)
-    spans = []
-    byte_span = kernels._byte_span
-    monkeypatch.setattr(kernels, "_byte_span", lambda t: spans.append(t) or byte_span(t))
-    for _ in range(3):
-        call()
-    assert len(launches) == 3 and environ.reads == 3
-    assert len(spans) == 3 * distinct
-    assert len({id(t) for t in spans[:distinct]}) == distinct
-
-
-@pytest.mark.parametrize(("name", "tensors"), [
-    ("qk positions out=", 7), ("qk new", 5), ("cache", 8), ("in place", 5)])
-def test_a_device_call_keys_each_tensor_once(launches, monkeypatch, name, tensors):
-    """The Triton backend's verdict and its launch come from one lookup (issue 44, item 1):
-    each tensor's (shape, strides, dtype) is read once per call (x, the destinations given,
-    the tables, the coordinates), not once for the verdict and again for the launch."""
+@pytest.mark.parametrize("name", ["qk positions out=", "qk in place", "qk new", "out=",
+                                  "in place", "0-d offset", "cache"])
+def test_a_later_call_of_a_signature_checks_only_addresses(launches, monkeypatch, name):
+    """The first call of a signature runs every check and keeps a plan; a later call with
+    the same signature (issue 56, item 1) reads ``ROPELIB_BACKEND`` once, asks no backend
+    (``choose_backend``), keys no tensor for the kernel's verdict (``triton_rope._meta``)
+    and works out no tensor's span of addresses (the plan holds their extents), and
+    launches once."""
     q, k, cos, sin = decode_inputs()
     positions = torch.randint(0, 64, (4, 1))
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -187,22 +160,31 @@ def test_a_device_call_keys_each_tensor_once(launches, monkeypatch, name, tensor
     call = {
         "qk positions out=": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
                                                    out=(q_out, k_out)),
+        "qk in place": lambda: apply_rope_qk(q, k, cos, sin, positions=positions,
+                                             inplace=True),
         "qk new": lambda: apply_rope_qk(q, k, cos, sin, positions=positions),
+        "out=": lambda: apply_rope(q, cos, sin, positions=positions, out=q_out),
+        "in place": lambda: apply_rope(q, cos, sin, positions=positions, out=q),
+        "0-d offset": lambda: apply_rope(q, cos, sin, offset=torch.tensor(3)),
         "cache": lambda: apply_rope_qk_to_cache(q, k, k.clone(), cos, sin, *caches,
                                                 torch.tensor(3)),
-        "in place": lambda: apply_rope(q, cos, sin, positions=positions, out=q),
     }[name]
     call()
-    metas = []
-    meta = triton_rope._meta
-    monkeypatch.setattr(triton_rope, "_meta", lambda t: metas.append(t) or meta(t))
+    environ = CountingEnviron(os.environ)
+    monkeypatch.setattr(os, "environ", environ)
+    checks = []
+    for module, attribute in ((triton_rope, "_meta"), (kernels, "byte_span"),
+                              (kernels, "choose_backend")):
+        real = getattr(module, attribute)
+        monkeypatch.setattr(module, attribute, lambda *a, _n=attribute, _r=real: (
+            checks.append(_n), _r(*a))[1])
     for _ in range(3):
         call()
-    assert len(launches) == 4 and len(metas) == 3 * tensors
+    assert len(launches) == 4 and environ.reads == 3 and checks == []
 
 
 def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatch):
-    """Threads calling at once, some with the same shapes (one ``Plan``, its launch made by
+    """Threads calling at once, some with the same signature (one ``plans.Plan``, made by
     whichever thread comes first) and some with others, each get the launch a lone call of
     theirs gets (those equal the float64 rotation: test_the_device_route_equals_float64).
     The launches are stubbed: Triton's interpreter itself is not thread-safe."""
@@ -219,7 +201,7 @@ def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatc
     for case in cases:
         call(*case)
         alone.append(launches.pop())
-    triton_rope._plan_for.cache_clear()
+    plans._plans.clear()
     seen = {}
     monkeypatch.setattr(triton_rope, "_launch", lambda x, launch, tensors: seen.setdefault(
         threading.get_ident(), []).append(launch))
@@ -237,7 +219,7 @@ def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatc
     for thread in threads:
         thread.join()
     got = {ran[-1]: ran[:-1] for ran in seen.values()}
-    assert len(seen) == len(cases) and triton_rope._plan_for.cache_info().currsize == 2
+    assert len(seen) == len(cases) and len(plans._plans) == 4  # one a layout and length
     for case, launch in zip(cases, alone, strict=True):
         assert got[case] == [launch] * 50
 
