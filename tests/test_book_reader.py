@@ -390,11 +390,17 @@ def search_results(browser, html_dir, query: str) -> list[dict]:
 
 
 def test_search_ranks_a_title_match_first_and_shows_text(browser, html_dir):
-    """"interleaved" finds chapter 8, whose title it is, first; no snippet shows TeX or
-    code."""
+    """"interleaved" finds chapter 8, whose title it is, first, "M-RoPE" chapter 12; no
+    snippet shows TeX or code."""
     results = search_results(browser, html_dir, "interleaved")
     assert results and results[0]["href"].split("#")[0].endswith(
         "08_interleaved_vs_half.html"), [r["href"] for r in results[:5]]
+    # "M-RoPE" is chapter 12's subject; "decode" is not chapter 1's (it never decodes)
+    results = search_results(browser, html_dir, "M-RoPE")
+    assert results and results[0]["href"].split("#")[0].endswith(
+        "12_rope_in_more_dimensions.html"), [r["href"] for r in results[:5]]
+    assert not any("01_why_positions" in r["href"]
+                   for r in search_results(browser, html_dir, "decode"))
     for query in ("interleaved", "theta", "apply_rope"):
         for result in search_results(browser, html_dir, query):
             assert not re.search(r"\\[a-zA-Z(\[]|\$|>>>|import torch", result["snippet"]), (
