@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ropelib.viz.gpu import (  # noqa: E402
+    draw_launch_grid,
     draw_machine,
     draw_program_tile,
     draw_step_ratios,
@@ -123,4 +124,45 @@ def test_machine_refuses_what_is_not_a_machine(kwargs, match):
     args = {"hbm_gb": 141, "hbm_tbps": 4.8, "l2_mb": 50, "sms": 132} | kwargs
     with pytest.raises(ValueError, match=match):
         draw_machine(ax, **args)
+    plt.close(fig)
+
+
+def test_launch_grid_draws_a_box_per_program_and_the_selected_tiles():
+    fig, (ax_grid, ax_tile) = plt.subplots(1, 2)
+    draw_launch_grid(ax_grid, ax_tile, seq=40, block_s=16, heads=3, head_dim=8,
+                     selected=(1, 2))
+    boxes = [p for p in ax_grid.patches if p.get_gid() == "program"]
+    assert len(boxes) == 3 * 3  # ceil(40 / 16) blocks x 3 heads
+    red = [b for b in boxes if b.get_facecolor()[:3] != boxes[0].get_facecolor()[:3]]
+    assert [(b.get_x(), b.get_y(), b.get_width()) for b in red] == [(16, 2, 16)]
+    masked = [p for p in ax_grid.patches if p.get_gid() == "masked"]
+    assert [(m.get_x(), m.get_width()) for m in masked] == [(40, 8)]  # lanes 40-47
+    assert "(1, 2)" in [t.get_text() for t in ax_grid.texts]
+    tiles = [p for p in ax_tile.patches if p.get_gid() == "tile"]
+    assert [(p.get_width(), p.get_height()) for p in tiles] == [(4, 16)] * 4
+    assert [t.get_text() for t in ax_tile.texts] == ["a", "b", "cos", "sin"]
+    assert [t.get_text() for t in ax_tile.get_yticklabels()] == ["16", "31"]
+    plt.close(fig)
+
+
+def test_launch_grid_without_a_partial_block_hatches_nothing():
+    fig, (ax_grid, ax_tile) = plt.subplots(1, 2)
+    draw_launch_grid(ax_grid, ax_tile, seq=32, block_s=16, heads=1, head_dim=4,
+                     selected=(0, 0))
+    assert not [p for p in ax_grid.patches if p.get_gid() == "masked"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"seq": 0}, "seq must be a positive int"),
+    ({"block_s": 2.0}, "block_s must be a positive int"),
+    ({"head_dim": 7}, "head_dim must be even"),
+    ({"selected": (3, 0)}, "selected must be a program"),
+    ({"selected": (0, 3)}, "selected must be a program"),
+])
+def test_launch_grid_refuses_bad_arguments(kwargs, match):
+    args = {"seq": 40, "block_s": 16, "heads": 3, "head_dim": 8, "selected": (0, 0)}
+    fig, (ax_grid, ax_tile) = plt.subplots(1, 2)
+    with pytest.raises(ValueError, match=match):
+        draw_launch_grid(ax_grid, ax_tile, **{**args, **kwargs})
     plt.close(fig)

@@ -10,6 +10,8 @@ one program's tile.
 - ``ratio_table_html``: rows of text and numbers as an HTML table (no pandas).
 - ``draw_machine``: the path a byte takes on a GPU, from its memory (HBM) through the L2
   cache to the streaming multiprocessors (SMs) that run a kernel's programs.
+- ``draw_launch_grid``: a launch's grid of programs over (token block, head) and the tiles
+  one program loads: its tokens' two halves of each row and their cos and sin rows.
 
 The data are measured or traced elsewhere; these functions only draw and format.
 """
@@ -28,7 +30,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 
-__all__ = ["draw_machine", "draw_program_tile", "draw_step_ratios", "ratio_table_html"]
+__all__ = ["draw_launch_grid", "draw_machine", "draw_program_tile", "draw_step_ratios", "ratio_table_html"]
 
 DTYPE_MARKERS = {"bfloat16": "o", "float32": "s"}
 LAYOUT_SHIFT = {"half": 1 / 1.02, "interleaved": 1.02}
@@ -223,3 +225,70 @@ def draw_machine(ax: Axes, *, hbm_gb: float, hbm_tbps: float, l2_mb: float, sms:
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_axis_off()
+
+
+def draw_launch_grid(ax_grid: Axes, ax_tile: Axes, *, seq: int, block_s: int, heads: int,
+                     head_dim: int, selected: tuple[int, int]) -> None:
+    """The grid of a launch with one program per block of tokens of one head, and the tiles
+    one program loads (half layout).
+
+    Args:
+        ax_grid: axes for the grid: tokens along x, heads along y, one outlined box per
+            program ``(t, h)`` (its ``block_s`` tokens of head ``h``); the lanes of the last
+            block past ``seq`` are hatched (masked off).
+        ax_tile: axes for the tiles of the program ``selected``: ``a`` (channels
+            ``0 .. head_dim/2 - 1``) and ``b`` (the other half) of its tokens' rows, and
+            the rows of cos and sin, each ``block_s`` tokens by ``head_dim / 2`` pairs.
+        seq, block_s, heads, head_dim: the tokens, the tokens a program, the heads (rows of
+            the grid) and the channels of a head (even).
+        selected: the program ``(t, h)`` filled red and drawn in ``ax_tile``.
+    """
+    for name, value in (("seq", seq), ("block_s", block_s), ("heads", heads),
+                        ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (pairs of channels), got {head_dim}")
+    blocks = math.ceil(seq / block_s)
+    t_sel, h_sel = selected
+    if not (0 <= t_sel < blocks and 0 <= h_sel < heads):
+        raise ValueError(f"selected must be a program (t, h) with t < {blocks} and "
+                         f"h < {heads}, got {selected!r}")
+    for t in range(blocks):
+        for h in range(heads):
+            mine = (t, h) == (t_sel, h_sel)
+            ax_grid.add_patch(Rectangle((t * block_s, h), block_s, 1,
+                                        facecolor="C3" if mine else "#dfe7f2",
+                                        edgecolor="black", lw=2 if mine else 0.8,
+                                        gid="program"))
+            ax_grid.text((t + 0.5) * block_s, h + 0.5, f"({t}, {h})", ha="center",
+                         va="center", fontsize="small", color="white" if mine else "0.2")
+    if blocks * block_s > seq:
+        ax_grid.add_patch(Rectangle((seq, 0), blocks * block_s - seq, heads, fill=False,
+                                    hatch="///", edgecolor="0.5", lw=0, gid="masked"))
+    ax_grid.set_xlim(0, blocks * block_s)
+    ax_grid.set_ylim(heads, 0)
+    ax_grid.set_xticks([t * block_s for t in range(blocks)] + [seq])
+    ax_grid.set_yticks([h + 0.5 for h in range(heads)], [str(h) for h in range(heads)])
+    ax_grid.set_xlabel("token")
+    ax_grid.set_ylabel("head h")
+    ax_grid.set_title("the grid: program (t, h)")
+    half = head_dim // 2
+    gap = max(1, half // 4)
+    tiles = (("a", "C0"), ("b", "C0"), ("cos", "C1"), ("sin", "C1"))
+    for index, (name, colour) in enumerate(tiles):
+        left = index * half + (gap if index >= 2 else 0)
+        ax_tile.add_patch(Rectangle((left, 0), half, block_s, facecolor=colour, alpha=0.3,
+                                    edgecolor=colour, lw=1.5, gid="tile"))
+        for token in range(1, block_s):
+            ax_tile.plot([left, left + half], [token, token], color=colour, lw=0.3)
+        ax_tile.text(left + half / 2, block_s / 2, name, ha="center", va="center")
+    first = t_sel * block_s
+    ax_tile.set_xlim(-0.5, 4 * half + gap + 0.5)
+    ax_tile.set_ylim(block_s, 0)
+    ax_tile.set_xticks([0, half, 2 * half + gap, 3 * half + gap],
+                       ["0", f"{half}", "0", "0"])
+    ax_tile.set_yticks([0.5, block_s - 0.5], [str(first), str(first + block_s - 1)])
+    ax_tile.set_xlabel("channel of x | pair i")
+    ax_tile.set_ylabel("token")
+    ax_tile.set_title(f"the tiles of program {selected}")
