@@ -118,7 +118,8 @@ def apply_rope(
         return rotated if out is None else out.copy_(rotated)
     if out is None:
         if _eager_training_step(cos, sin, x):
-            return _eager_rotation(x, cos, sin, layout, rd, False, coordinates, axes, pending)
+            return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates, axes,
+                                   pending)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
     return out
@@ -203,8 +204,8 @@ def apply_rope_qk(
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
         if _eager_training_step(cos, sin, q, k):
-            return _eager_rotation_qk(q, k, cos, sin, layout, rd, False, coordinates, axes,
-                                      pending)
+            return _eager_rotation(q, k, cos, sin, layout, rd, False, coordinates, axes,
+                                   pending)
         return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes,
                           pending)
@@ -677,13 +678,11 @@ def _transformed() -> bool:
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
-    training step. ``inputs``: the operator's, or ``_EagerRotation``'s, whose last is what
-    its coordinates leave ``pending`` (the backward's launch checks them again)."""
+    training step. ``inputs``: the operator's."""
     x, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:8]
     tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     ctx.save_for_backward(x if tables_need_grad else None, cos, sin, positions, axes)
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
-    ctx.pending = inputs[8] if len(inputs) > 8 else None
 
 
 def _backward(ctx, grad: torch.Tensor) -> tuple:
@@ -695,7 +694,7 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     grad_x = grad_cos = grad_sin = None
     if ctx.needs_input_grad[0]:
         grad_x = kernels.rotate(_channels_contiguous(grad), cos, sin, layout, rd, not inverse,
-                                positions, axes, ctx.pending)
+                                positions, axes)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         grad_cos, grad_sin = _table_grads(ctx, x, grad, cos, sin, positions, axes)
     return grad_x, grad_cos, grad_sin, None, None, None, None, None
@@ -728,28 +727,34 @@ def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
         for table, g in ((cos, grad_cos), (sin, grad_sin)))
 
 
-def _setup_qk_backward(ctx, inputs: tuple, output: tuple) -> None:
-    """``_setup_backward`` for ``ropelib::rotate_qk``: q and k are saved only when the grads
-    of the tables need them; with constant tables, the rotation of a q or k that records no
-    autograd records none either (as ``apply_rope`` of it alone)."""
+def _setup_qk_backward(ctx, inputs: tuple, output: tuple | torch.Tensor) -> None:
+    """``_setup_backward`` for ``ropelib::rotate_qk``, and for ``_EagerRotation`` (whose k
+    is None for one tensor): q and k are saved only when the grads of the tables need them;
+    with constant tables, the rotation of a q or k that records no autograd records none
+    either (as ``apply_rope`` of it alone)."""
     q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:9]
     tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
                           cos, sin, positions, axes)
-    if not tables_need_grad:  # an output whose input records nothing records nothing
+    if not tables_need_grad and k is not None:  # an output whose input records nothing
         ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
             output, ctx.needs_input_grad[:2], strict=True) if not needs))
     ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
     ctx.pending = inputs[9] if len(inputs) > 9 else None
 
 
-def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
-    """``_backward`` of q and k together: one inverted ``rotate_qk`` for both grads, and
-    the table grads of q's and k's pairs summed."""
+def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor | None = None) -> tuple:
+    """``_backward`` of q and k together: one inverted ``rotate_qk`` for both grads (one
+    inverted ``rotate`` when ``_EagerRotation`` rotated q alone: no ``grad_k``; its tables
+    are constants), and the table grads of q's and k's pairs summed."""
     q, k, cos, sin, positions, axes = ctx.saved_tensors
     layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
     grads = [None] * 9
-    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+    if grad_k is None:
+        if ctx.needs_input_grad[0]:
+            grads[0] = kernels.rotate(_channels_contiguous(grad_q), cos, sin, layout, rd,
+                                      not inverse, positions, axes, ctx.pending)
+    elif ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
         grads[0], grads[1] = kernels.rotate_qk(
             _channels_contiguous(grad_q), _channels_contiguous(grad_k), cos, sin, layout, rd,
             not inverse, positions, axes, ctx.pending)
@@ -777,38 +782,24 @@ def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
 
 
 class _EagerRotation(torch.autograd.Function):
-    """``ropelib::rotate`` with its registered formula (``_setup_backward``, ``_backward``)
-    as one autograd node that runs the implementation directly, without the operator's
-    dispatcher and generated autograd layers (about 100 us per forward+backward at small
-    shapes, more than the rotation). Only for eager calls (``_eager_training_step``):
-    compiled, exported and traced code sees the operator itself. Its coordinates may still
-    be ``pending`` (``kernels.Pending``): on a GPU, the kernel's launch each way checks them
-    (no operation of their own, as in a call without autograd)."""
-
-    @staticmethod
-    def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
-                axes: torch.Tensor | None, pending: kernels.Pending | None) -> torch.Tensor:
-        return kernels.rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions,
-                                    axes, pending)
-
-    setup_context = staticmethod(_setup_backward)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:
-        return *_backward(ctx, grad), None
-
-
-class _EagerRotationQK(torch.autograd.Function):
     """``ropelib::rotate_qk`` with its registered formula (``_setup_qk_backward``,
-    ``_qk_backward``) as one autograd node, as ``_EagerRotation`` is for ``ropelib::rotate``:
-    a query and a key rotated in one launch each way, outside the operator's layers."""
+    ``_qk_backward``) as one autograd node that runs the implementation directly, without
+    the operator's dispatcher and generated autograd layers (about 100 us per
+    forward+backward at small shapes, more than the rotation): a query and a key rotated in
+    one launch each way, or, with k None, one tensor (``ropelib::rotate``). Only for eager
+    calls (``_eager_training_step``): compiled, exported and traced code sees the operator
+    itself. Its coordinates may still be ``pending`` (``kernels.Pending``): on a GPU, the
+    kernel's launch each way checks them (no operation of their own, as in a call without
+    autograd)."""
 
     @staticmethod
-    def forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 layout: str, rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
                 axes: torch.Tensor | None, pending: kernels.Pending | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if k is None:
+            return kernels.run_backend([q], [None], cos, sin, layout, rotary_dim, inverse,
+                                       positions, axes, pending)[0]
         q_out, k_out = kernels.run_backend([q, k], [None, None], cos, sin, layout, rotary_dim,
                                            inverse, positions, axes, pending)
         return q_out, k_out
@@ -816,15 +807,14 @@ class _EagerRotationQK(torch.autograd.Function):
     setup_context = staticmethod(_setup_qk_backward)
 
     @staticmethod
-    def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple:
+    def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor | None = None) -> tuple:
         return *_qk_backward(ctx, grad_q, grad_k), None
 
 
-# The nodes' ``apply`` without the Python layer of ``Function.apply``: that layer binds
+# The node's ``apply`` without the Python layer of ``Function.apply``: that layer binds
 # default arguments with ``inspect.signature`` on every call (about 30 us, as much as the
 # rotation of a (1, 8, 512, 64) float32 tensor), unwraps torch.func wrappers left over
 # from a finished transform and hands calls under a transform to ``custom_function_call``.
 # None of it applies to an eager training step (``_eager_training_step``): every argument
 # is given, no transform is active and no tensor is a wrapper.
 _eager_rotation = super(torch.autograd.Function, _EagerRotation).apply
-_eager_rotation_qk = super(torch.autograd.Function, _EagerRotationQK).apply
