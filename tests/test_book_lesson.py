@@ -43,14 +43,17 @@ def lines_before_first_section(notebook) -> int:
     return lines
 
 
-def test_the_counts_see_what_a_reader_sees():
+def notebook_of(*cells: str):
+    """A notebook of these cells: markdown when a cell starts with "md:", else code."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_markdown_cell("# Title\n\nProse."),
-        nbformat.v4.new_code_cell("x = 1\n\nassert x == 1\n    assert x"),
-        nbformat.v4.new_code_cell("assert x == 2\ny = 2"),
-        nbformat.v4.new_markdown_cell("## First section"),
-        nbformat.v4.new_code_cell("assert y == 2")]
+    notebook.cells = [nbformat.v4.new_markdown_cell(cell[3:]) if cell.startswith("md:")
+                      else nbformat.v4.new_code_cell(cell) for cell in cells]
+    return notebook
+
+
+def test_the_counts_see_what_a_reader_sees():
+    notebook = notebook_of("md:# Title\n\nProse.", "x = 1\n\nassert x == 1\n    assert x",
+                           "assert x == 2\ny = 2", "md:## First section", "assert y == 2")
     notebook.cells[2].metadata["tags"] = ["hide-input"]
     assert shown_asserts(notebook) == 3
     assert lines_before_first_section(notebook) == 3
@@ -104,11 +107,8 @@ def evaluated_before_defined(notebook) -> list[str]:
 
 
 def test_the_eval_check_finds_a_name_read_too_early():
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_code_cell("a_txt, (b_txt, c) = 1, (2, 3)\nimport math as m"),
-        nbformat.v4.new_markdown_cell("{eval}`a_txt` {eval}`b_txt` {eval}`m` {eval}`d_txt`"),
-        nbformat.v4.new_code_cell("d_txt = 4")]
+    notebook = notebook_of("a_txt, (b_txt, c) = 1, (2, 3)\nimport math as m",
+                           "md:{eval}`a_txt` {eval}`b_txt` {eval}`m` {eval}`d_txt`", "d_txt = 4")
     assert evaluated_before_defined(notebook) == ["cell 1: d_txt"]
 
 
