@@ -139,11 +139,11 @@ def positions_for_context_parallel(seq_len: int, world_size: int, rank: int, *,
       ``load_balance=False``), and rank r holds chunks r and 2R - 1 - r of each document,
       in document order: Transformer Engine's THD format, ring-flash-attn's varlen
       functions, and PyTorch's ``_PerDocumentHeadTailLoadBalancer`` as its docstring draws
-      it (each document's causal work shared evenly). Note that torch 2.13's
-      ``_context_parallel_shard`` cuts that balancer's rearranged sequence into R contiguous
-      pieces (document by document, not rank by rank), so the tokens it hands a rank are
-      not these; with it, shard a ``positions_from_cu_seqlens(cu_seqlens)`` buffer beside
-      the tokens instead.
+      it (each document's causal work shared evenly). Note that torch 2.13 lists
+      that balancer's order document by document and ``_context_parallel_shard`` cuts it
+      into R contiguous pieces, so the tokens it hands a rank are not these (torch 2.15
+      lists the order rank by rank); there, shard a
+      ``positions_from_cu_seqlens(cu_seqlens)`` buffer beside the tokens instead.
 
     With ``torch.distributed.tensor.experimental.context_parallel``, which shards its
     ``buffers`` along their sequence dims in the head-tail layout (contiguous when its

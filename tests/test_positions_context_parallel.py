@@ -77,26 +77,36 @@ def test_rank_rotation_equals_rows_of_unsplit_rotation():
 @pytest.mark.parametrize(("lengths", "world_size"), [([4, 8, 4], 2), ([6, 12, 24, 6], 3),
                                                      ([16], 4), ([2, 2], 1)])
 def test_per_document_split_equals_pytorch_per_document_balancer(lengths, world_size):
-    """PyTorch's ``_PerDocumentHeadTailLoadBalancer`` lists, for each document and each rank,
-    the rank's head chunk and tail chunk (2R chunks a document): rank r's tokens are those
-    pairs, document by document. Positions are the tokens' offsets in their documents."""
+    """PyTorch's ``_PerDocumentHeadTailLoadBalancer`` orders the tokens so that each rank
+    holds, in every document, a head chunk and a tail chunk (2R chunks a document).
+    Positions are the tokens' offsets in their documents. The order itself is private and
+    has changed: torch 2.13 lists it document-major (document 0's chunks rank by rank, then
+    document 1's, ...), torch 2.15 rank-major (rank 0's chunks document by document, then
+    rank 1's: R contiguous shards). Both layouts are read here, and ropelib's positions must
+    be one of them for every rank."""
     from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
         _PerDocumentHeadTailLoadBalancer,
     )
 
     order = _PerDocumentHeadTailLoadBalancer([lengths], world_size, "cpu")._generate_indices()[0]
+    order = order.long()
     cu = torch.tensor([0, *itertools.accumulate(lengths)])
     starts = cu[:-1].repeat_interleave(torch.tensor(lengths))  # each token's document start
-    for rank in range(world_size):
-        tokens, at = [], 0
-        for length in lengths:
-            pair = 2 * (length // (2 * world_size))  # head and tail chunk of this rank
-            tokens.append(order[at + rank * pair: at + (rank + 1) * pair])
-            at += length
-        tokens = torch.cat(tokens).long()
-        got = positions_for_context_parallel(sum(lengths), world_size, rank, cu_seqlens=cu,
-                                             per_document=True)
-        assert torch.equal(got, tokens - starts[tokens])
+    pairs = [2 * (length // (2 * world_size)) for length in lengths]  # a rank's tokens a doc
+    document_major, at = [[] for _ in range(world_size)], 0
+    for length, pair in zip(lengths, pairs, strict=True):
+        for rank in range(world_size):
+            document_major[rank].append(order[at + rank * pair: at + (rank + 1) * pair])
+        at += length
+    document_major = [torch.cat(tokens) for tokens in document_major]
+    rank_major = list(order.split(sum(pairs)))
+    got = [positions_for_context_parallel(sum(lengths), world_size, rank, cu_seqlens=cu,
+                                          per_document=True) for rank in range(world_size)]
+    def holds(layout: list[torch.Tensor]) -> bool:
+        return all(torch.equal(g, tokens - starts[tokens])
+                   for g, tokens in zip(got, layout, strict=True))
+
+    assert holds(document_major) or holds(rank_major), (got, order)
 
 
 def test_per_document_split_of_pytorch_docstring_example():
