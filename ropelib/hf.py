@@ -1,5 +1,6 @@
-"""ropelib in a Hugging Face transformers model: a drop-in ``apply_rotary_pos_emb`` and the
-rope parameters of a transformers config as ropelib reads them.
+"""ropelib in a Hugging Face transformers model: drop-in ``apply_rotary_pos_emb`` and
+``apply_rotary_pos_emb_vision``, and the rope parameters of a transformers config as ropelib
+reads them.
 
 transformers' Llama-family attention layers (Llama, Mistral, Qwen2, Qwen2-VL's and
 Qwen3-VL's text models, Gemma, Phi-3, GPT-NeoX, ...) rotate q and k with a module-level
@@ -16,6 +17,11 @@ into a model's module (see the README)::
 
 The function is for the ``rotate_half`` family only: GLM and Cohere rotate interleaved pairs
 with tables of another arrangement, and their own function must stay.
+``apply_rotary_pos_emb_vision(q, k, cos, sin)`` is the same for the vision towers of Qwen2-VL
+and Qwen2.5-VL, whose q and k are ``(seq, heads, head_dim)`` with a table row per patch::
+
+    import transformers.models.qwen2_vl.modeling_qwen2_vl as qwen2_vl
+    qwen2_vl.apply_rotary_pos_emb_vision = ropelib.hf.apply_rotary_pos_emb_vision
 
 ``rope_parameters(config)`` gives a config's ``rope_parameters`` for ``scaling=`` of
 ``RotaryEmbedding`` and ``StandardAttentionWithRoPE``, with what transformers' model code
@@ -102,6 +108,47 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     q_embed, k_embed = apply_rope_qk(q.transpose(1, 2), k.transpose(1, 2), *rows,
                                      layout="half", rotary_dim=rotary_dim)
     return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
+
+
+def apply_rotary_pos_emb_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb_vision`` (the vision towers of Qwen2-VL,
+    Qwen2.5-VL and their kin), computed by ropelib.
+
+    Args:
+        q: ``(seq, heads, head_dim)``, a patch per row (leading dims allowed:
+            ``(..., seq, heads, head_dim)``); any float dtype, strided views included.
+        k: as q, with its own number of heads.
+        cos, sin: the tower's tables ``(seq, head_dim)`` (``(..., seq, head_dim)``, as q's
+            leading dims): ``cat(freqs, freqs)``, each half the same, rotating the whole
+            head.
+
+    Returns:
+        ``(q_embed, k_embed)``, q's and k's shape and dtype. Like transformers, the rotation
+        is computed in float32 and rounded once for bfloat16 and float16 (bit for bit equal
+        on the CPU); unlike it, float64 q and k are rotated in float64 (transformers rounds
+        them to float32), and q and k must have one dtype.
+
+    Raises:
+        ValueError: q or k not ``(..., seq, heads, head_dim)``, tables of another shape, or
+            tables whose two halves differ.
+    """
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_float_tensor(name, t)
+    if q.ndim < 3 or k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2] or (
+            k.shape[-1] != q.shape[-1]):
+        raise ValueError(f"q and k must be (..., seq, heads, head_dim) with the same seq and "
+                         f"head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+    expected = (*q.shape[:-2], q.shape[-1])
+    if cos.shape != sin.shape or cos.shape != expected:
+        raise ValueError(f"cos and sin must be the vision tables (..., seq, head_dim) = "
+                         f"{expected}, one shape for both, got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+    half = q.shape[-1] // 2
+    _check_repeated(cos, half, "cos")
+    _check_repeated(sin, half, "sin")
+    # rows (..., seq, 1, half): one per patch, the same for every head
+    return apply_rope_qk(q, k, cos[..., None, :half], sin[..., None, :half], layout="half")
 
 
 def _check_repeated(table: torch.Tensor, half: int, name: str) -> None:

@@ -257,3 +257,81 @@ def test_gradients_equal_transformers():
         grads.append([t.grad for t in leaves])
     for ours, theirs in zip(*grads, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+# the vision towers' function ---------------------------------------------------------------------
+
+def vision_inputs(dtype, seq=20, heads=4, head_dim=16, table_dtype=torch.float32):
+    """q and k as a Qwen2-VL vision attention makes them (strided views of one qkv
+    projection, ``(seq, heads, head_dim)``), and the tower's float32 tables ``(seq,
+    head_dim)`` of 2-D patch angles: ``cat(freqs, freqs)``."""
+    qkv = torch.randn(seq, 3, heads, head_dim).to(dtype)
+    q, k, _ = qkv.permute(1, 0, 2, 3).unbind(0)
+    grid = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(seq // 4), indexing="ij"),
+                       -1).reshape(seq, 2)  # (row, column) of each patch
+    freqs = angles(grid, thetas(head_dim // 2)).flatten(-2)  # (seq, head_dim // 2)
+    emb = torch.cat((freqs, freqs), -1)
+    return q, k, freqs, emb.cos().to(table_dtype), emb.sin().to(table_dtype)
+
+
+@pytest.mark.parametrize("module", [modeling_qwen2_vl, modeling_qwen2_5_vl])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_vision_equals_transformers_own_function(module, dtype):
+    """The same tensors as transformers' own function, bit for bit: float32 arithmetic and
+    one rounding to q's dtype, on strided q and k."""
+    q, k, _, cos, sin = vision_inputs(dtype)
+    got = ropelib.hf.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    want = module.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for ours, theirs in zip(got, want, strict=True):
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == dtype
+        assert torch.equal(ours, theirs)
+
+
+def test_vision_float64_is_the_rotation():
+    """In float64 the result is RoFormer's rotation of each head by its patch's angles, to
+    float64's rounding (transformers' function computes it in float32)."""
+    q, k, freqs, cos, sin = vision_inputs(F64, heads=3, table_dtype=F64)
+    q_embed, k_embed = ropelib.hf.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for ours, x in ((q_embed, q), (k_embed, k)):
+        want = rope_by_pairs(x.transpose(0, 1), freqs, "half").transpose(0, 1)
+        torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-12)
+
+
+def test_vision_tower_through_the_drop_in(monkeypatch):
+    """A tiny Qwen2-VL vision tower with transformers' function swapped for ropelib's: the
+    same output, bit for bit (float32 on the CPU), and every block called the swap."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=64,
+                                              num_heads=2, patch_size=2)
+    tower = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel(config).eval()
+    grid = torch.tensor([[1, 4, 6], [2, 2, 2]])  # an image and a two-frame video
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 2 * 2)
+    with torch.no_grad():
+        theirs = tower(pixels, grid_thw=grid).last_hidden_state
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return ropelib.hf.apply_rotary_pos_emb_vision(*args)
+
+    monkeypatch.setattr(modeling_qwen2_vl, "apply_rotary_pos_emb_vision", counted)
+    with torch.no_grad():
+        ours = tower(pixels, grid_thw=grid).last_hidden_state
+    assert calls == [torch.Size([32, 2, 16])] * 2
+    assert torch.equal(ours, theirs)
+
+
+def test_vision_bad_arguments_are_refused():
+    q, k, _, cos, sin = vision_inputs(torch.float32)
+    with pytest.raises(ValueError, match=r"cos and sin must be the vision tables \(\.\.\., seq, "
+                                         r"head_dim\) = \(20, 16\), one shape for both, got "
+                                         r"\(20, 8\)"):
+        ropelib.hf.apply_rotary_pos_emb_vision(q, k, cos[:, :8], sin[:, :8])
+    with pytest.raises(ValueError, match=r"cos must be transformers' table cat\(freqs, freqs\)"):
+        ropelib.hf.apply_rotary_pos_emb_vision(q, k, torch.cat((cos[:, :8], sin[:, :8]), -1),
+                                                sin)
+    with pytest.raises(ValueError, match=r"q and k must be \(\.\.\., seq, heads, head_dim\) with "
+                                         r"the same seq and head_dim, got \(20, 64\)"):
+        ropelib.hf.apply_rotary_pos_emb_vision(q.flatten(-2), k.flatten(-2), cos, sin)
+    with pytest.raises(ValueError, match=r"q and k must be .* got \(20, 4, 16\) and \(19, 4, 16\)"):
+        ropelib.hf.apply_rotary_pos_emb_vision(q, k[1:], cos, sin)
