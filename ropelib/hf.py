@@ -71,6 +71,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         ``(q_embed, k_embed)``, q's and k's shape and dtype. With ``unsqueeze_dim=2`` they
         are ``(batch, seq, heads, head_dim)`` views of contiguous ``(batch, heads, seq,
         head_dim)`` tensors (``.reshape`` works on them, ``.view`` across the heads does not).
+        Where it differs from transformers, on purpose: bfloat16 and float16 results are
+        computed in float32 and rounded once (transformers rounds after each operation);
+        bfloat16 q and k with float32 tables give bfloat16 (transformers promotes them to
+        float32); q and k of different dtypes are refused.
 
     Raises:
         ValueError: tables of another shape, an odd or too wide ``rotary_dim``, or tables
