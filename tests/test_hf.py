@@ -105,6 +105,20 @@ def test_bad_tables_are_refused():
         ropelib.hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
 
 
+def test_the_differences_from_transformers_said_in_the_docstring():
+    """bfloat16 q and k with float32 tables stay bfloat16 (transformers promotes them to
+    float32), and q and k of different dtypes are refused by name."""
+    cos, sin = hf_tables(torch.arange(5)[None], 16, torch.float32)
+    q, k = torch.randn(1, 4, 5, 16).bfloat16(), torch.randn(1, 2, 5, 16).bfloat16()
+    got = ropelib.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    theirs = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    assert [t.dtype for t in got] == [torch.bfloat16] * 2
+    assert [t.dtype for t in theirs] == [torch.float32] * 2
+    with pytest.raises(ValueError, match=r"k must have q's shape but for the heads dim \(-3\), "
+                                         r"q's dtype and device"):
+        ropelib.hf.apply_rotary_pos_emb(q, k.float(), cos, sin)
+
+
 def tiny(name: str):
     torch.manual_seed(0)
     if name == "llama":
