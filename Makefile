@@ -1,10 +1,12 @@
 # Two set-up-and-go targets: `make book` and `make test`. Both create and fill .venv.
+# The book is built once per change of its sources: `make test` right after `make book`
+# reuses _build/html. `make test-lib`: ruff and ropelib's tests alone, no book.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv book test lint lab bench clean
+.PHONY: venv book test test-lib lint lab bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	bash tests/apt_need.sh "$${CC:-cc}" gcc
@@ -15,8 +17,16 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
-book: venv
+# What the build reads: the chapters and their configuration, and ropelib (imported by them).
+BOOK_SOURCES := _config.yml _toc.yml $(wildcard book/*.ipynb book/*.md book/*.bib book/*.py \
+	book/_ext/*.py _static/*) $(shell find ropelib -name '*.py' -o -name '*.c')
+BOOK_BUILT := _build/html/.built
+
+$(BOOK_BUILT): $(STAMP) $(BOOK_SOURCES)
 	bash scripts/build_book.sh $(BIN)
+	touch $@
+
+book: $(BOOK_BUILT)
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
 lint: venv
@@ -24,6 +34,14 @@ lint: venv
 
 test: book
 	bash tests/run_all.sh
+
+# The tests of the book (its pages, cells, notebooks, browser) are left out.
+BOOK_TESTS := $(wildcard tests/test_book_*.py) tests/test_chapter_cells.py \
+	tests/test_lab_browser.py tests/test_bibliography.py tests/test_notebook_store.py \
+	tests/test_kernel_watchdog.py tests/test_portable_kernels.py
+test-lib: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests $(addprefix --ignore=,$(BOOK_TESTS)) --durations=10
 
 # The chapters live in JupyterLab (pinned with jupyterlab-myst in requirements.txt), set up by
 # lab/ (Jupyter's config folder for this run: jupyter_lab_config.py, settings, custom.css).
