@@ -82,3 +82,44 @@ def test_ptx_loads_names_a_missing_or_unknown_argument():
                                {"X": "*bf16", "O": "*bf16", "OUT": "*bf16", "COS": "*fp32",
                                 "SIN": "*fp32", "SEQ": "i32"},
                                {"HEAD_DIM": 128, "BLOCK_S": 16})
+
+
+def test_resources_match_the_registers_the_disassembly_names():
+    """The register count read from the binary covers every register its SASS names (the
+    disassembly by nvdisasm, a second tool): at least the highest Rn + 1, and at most 4
+    more (the assembler reserves a few, and a 64-bit pair names only its first register).
+    The stride-2 kernel holds a layout conversion in shared memory, the split one none;
+    both need more registers for a taller tile."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    kernel = gpu_steps.COMPILED["kernel_interleaved"]
+    signature = {"X": "*bf16", "OUT": "*bf16", "COS": "*fp32", "SIN": "*fp32", "SEQ": "i32"}
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    for strided in (True, False):
+        registers = []
+        for block_s in (8, 64):
+            constants = {"HEAD_DIM": 128, "BLOCK_S": block_s, "STRIDED": strided}
+            found = triton_probe.resources(kernel, signature, constants)
+            binary = triton_probe._compile(kernel, signature, constants, 4).asm["cubin"]
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+                file.write(binary)
+                file.flush()
+                sass = subprocess.run([str(nvdisasm), file.name], check=True,
+                                      capture_output=True, text=True).stdout
+            highest = max(int(n) for n in re.findall(r"\bR(\d+)\b", sass))
+            assert highest + 1 <= found["registers"] <= highest + 5, (found, highest)
+            assert (found["shared"] > 0) == strided, found
+            registers.append(found["registers"])
+        assert registers[0] < registers[1]
+
+
+def test_resources_names_a_missing_argument():
+    with pytest.raises(ValueError, match="missing .*SEQ"):
+        triton_probe.resources(gpu_steps.COMPILED["kernel_per_head"],
+                               {"X": "*bf16", "OUT": "*bf16", "COS": "*fp32", "SIN": "*fp32"},
+                               {"HEAD_DIM": 128, "BLOCK_S": 16})

@@ -9,8 +9,11 @@
   on this machine, with Triton's own compiler, and count the global-memory load and store
   instructions of its PTX by width: a scalar ``ld.global.b16`` moves 2 bytes, a vector
   ``ld.global.v4.b32`` 16 bytes.
+- ``resources``: compile a kernel the same way and read the registers per thread and the
+  shared memory per program that NVIDIA's assembler gave it, from the compiled binary
+  (``cuobjdump -res-usage``, the tool Triton's wheel ships beside ``ptxas``).
 
-Both lean on Triton 3.9's internals (the interpreter's builder; ``triton.compile`` of an
+All three lean on Triton 3.9's internals (the interpreter's builder; ``triton.compile`` of an
 ``ASTSource``), pinned in requirements.txt; a Triton without them raises a RuntimeError
 that says so.
 """
@@ -19,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -138,6 +144,36 @@ def ptx_loads(kernel, signature: dict[str, str], constants: dict[str, object], *
         constants: the value of every ``tl.constexpr`` argument.
         num_warps: warps per program.
     """
+    ptx = _compile(kernel, signature, constants, num_warps).asm["ptx"]
+    return Counter(re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)+", ptx))
+
+
+def resources(kernel, signature: dict[str, str], constants: dict[str, object], *,
+              num_warps: int = 4) -> dict[str, int]:
+    """Compile ``kernel`` for ``TARGET`` as ``ptx_loads`` does and return what the
+    assembler gave it: ``{"registers": per thread, "shared": bytes of shared memory per
+    program}``, read from the compiled binary with ``cuobjdump -res-usage``. The counts
+    are those of this Triton's assembler; another Triton version may allocate others.
+    Arguments as for ``ptx_loads``."""
+    binary = _compile(kernel, signature, constants, num_warps).asm["cubin"]
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        raise RuntimeError(f"resources needs the cuobjdump that Triton's wheel ships, "
+                           f"not found at {tool}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.cubin"
+        path.write_bytes(binary)
+        report = subprocess.run([str(tool), "-res-usage", str(path)], check=True,
+                                capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) .*SHARED:(\d+)", report)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no REG and SHARED: {report!r}")
+    return {"registers": int(found[1]), "shared": int(found[2])}
+
+
+def _compile(kernel, signature: dict[str, str], constants: dict[str, object],
+             num_warps: int):
+    """``triton.compile`` of ``kernel`` for ``TARGET`` (see ``ptx_loads``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -152,10 +188,8 @@ def ptx_loads(kernel, signature: dict[str, str], constants: dict[str, object], *
     aligned = {(names.index(n),): [["tt.divisibility", 16]]
                for n, kind in signature.items() if kind.startswith("*")}
     source = ASTSource(fn=kernel, signature=full, constexprs=dict(constants), attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget(*TARGET),
-                              options={"num_warps": num_warps, "enable_fp_fusion": True})
-    ptx = compiled.asm["ptx"]
-    return Counter(re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)+", ptx))
+    return triton.compile(source, target=GPUTarget(*TARGET),
+                          options={"num_warps": num_warps, "enable_fp_fusion": True})
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
