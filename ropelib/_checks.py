@@ -9,6 +9,9 @@ import operator
 
 import numpy as np
 import torch
+from torch.autograd.forward_ad import unpack_dual
+from torch.func import debug_unwrap
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 LAYOUTS = ("interleaved", "half")
 
@@ -24,6 +27,35 @@ def tracing() -> bool:
     may branch on them. Checks that only guard against misuse are skipped or become
     runtime assertions there; the computation is never skipped."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def watcher(*tensors: torch.Tensor | None) -> str | None:
+    """Who watches a call with these tensors (None where an optional one is not given): the
+    one answer every entry of ropelib acts on (the pattern of flash-attention's PR 2823).
+
+    - None: nobody, an eager call of plain ``torch.Tensor`` s: the kernel is launched
+      directly, without the dispatcher's layers;
+    - ``"dispatcher"``: a compiler or tracer (``torch.compile``, ``torch.export``,
+      ``torch.jit.trace``), a ``TorchDispatchMode``, or a tensor of a subclass (a DTensor,
+      a fake tensor, a Parameter): the call goes through the registered operators
+      (``ropelib::rotate`` and its siblings), which they see as one node;
+    - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor is its
+      wrapper, or one kept after its transform ended) or forward-mode AD (a tensor carries a
+      tangent): the rotation runs as PyTorch operations (``eager.rotate_composite``), which
+      the transform batches and differentiates.
+
+    Asked only through PyTorch's public API."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
+        return "dispatcher"
+    subclass = False
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if debug_unwrap(t, recurse=False) is not t or (
+                t.is_floating_point() and unpack_dual(t).tangent is not None):
+            return "transform"
+        subclass = subclass or type(t) is not torch.Tensor
+    return "dispatcher" if subclass else None
 
 
 def as_int(value: object) -> int | None:

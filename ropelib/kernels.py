@@ -42,10 +42,15 @@ from types import ModuleType
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import FLOAT_DTYPES, check_coordinates, check_rotation_operands, tracing
+from ._checks import (
+    FLOAT_DTYPES,
+    check_coordinates,
+    check_rotation_operands,
+    tracing,
+    watcher,
+)
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -108,7 +113,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            axes: torch.Tensor | None = None, pending: Pending | None = None) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new tensor
     (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(x, cos, sin, *_given(positions, axes)):
+    if plain_call(x, cos, sin, positions, axes):
         return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                             pending)
     return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
@@ -120,7 +125,7 @@ def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
                axes: torch.Tensor | None = None, pending: Pending | None = None) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
     bumped like any in-place write's (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(x, cos, sin, out, *_given(positions, axes)):
+    if plain_call(x, cos, sin, out, positions, axes):
         _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes, pending)
         torch.autograd.graph.increment_version(out)
     else:
@@ -180,7 +185,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
               positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
               pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(q, k, cos, sin, *_given(positions, axes)):
+    if plain_call(q, k, cos, sin, positions, axes):
         q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                    positions, axes, pending)
         return q_out, k_out
@@ -194,7 +199,7 @@ def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
                   pending: Pending | None = None) -> None:
     """``ropelib::rotate_qk_out``: both destinations' version counters are bumped
     (``pending``: see ``Pending``)."""
-    if plain_call(q, k, cos, sin, q_out, k_out, *_given(positions, axes)):
+    if plain_call(q, k, cos, sin, q_out, k_out, positions, axes):
         _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes,
                         pending)
         torch.autograd.graph.increment_version((q_out, k_out))
@@ -233,7 +238,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     ``index_copy_`` into the caches.
     """
     n, capacity = q.shape[-2], key_cache.shape[-2]
-    if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, *_given(positions)):
+    if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
                                        rotary_dim, positions)
         if backend.NAME == "triton":
@@ -258,38 +263,18 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     return q_rot
 
 
-def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    return tuple(t for t in tensors if t is not None)
-
-
-def plain_call(*tensors: torch.Tensor) -> bool:
-    """Whether the operators' implementation may run without the dispatcher: plain tensors
-    that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
-    or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
-    Python layers, which at small shapes cost more than the rotation."""
-    if watched():
+def plain_call(*tensors: torch.Tensor | None) -> bool:
+    """Whether the operators' implementation may run without the dispatcher: nobody watches
+    the call (``watcher`` is None) and no tensor needs a gradient. The dispatcher would run
+    the same function after 10-30 us of Python layers, which at small shapes cost more than
+    the rotation."""
+    if watcher(*tensors) is not None:
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if not plain_tensor(t) or (grad and t.requires_grad):
-            return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return False
     return True
-
-
-def watched() -> bool:
-    """Whether a compiler, tracer, ``torch.func`` transform or dispatch mode watches the
-    call (it must see the operators, not their implementation)."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode())
-
-
-def plain_tensor(t: torch.Tensor) -> bool:
-    """Whether t is a ``torch.Tensor`` itself, not a subclass nor a ``torch.func`` wrapper
-    (such as one kept after its transform ended, which the dispatcher unwraps)."""
-    return type(t) is torch.Tensor and not functorch_wrapped(t)
-
-
-functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

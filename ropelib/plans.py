@@ -58,18 +58,14 @@ def signature(tensors: Sequence[torch.Tensor | None], options: Sequence[object]
     """The key of a call with these tensors (None where an optional one is not given) and
     options (str, int, bool or None): ``ROPELIB_BACKEND``, the options and per tensor its
     shape, strides, dtype, device and negation bit. None when the call takes no plan: a
-    compiler, tracer, transform or dispatch mode watching (``kernels.watched``), a tensor
-    that is not a plain ``torch.Tensor`` or records autograd, or an option of another
-    type."""
-    if kernels.watched():
-        return None
+    tensor that is not a plain ``torch.Tensor`` or records autograd, or an option of
+    another type. (The caller has asked ``watcher`` first: nobody watches the call.)"""
     for option in options:
         if type(option) not in _OPTION_TYPES:
             return None
-    grad, wrapped = torch.is_grad_enabled(), kernels.functorch_wrapped
-    for t in tensors:  # kernels.plain_tensor, inlined
-        if t is not None and (type(t) is not torch.Tensor or wrapped(t)
-                              or (grad and t.requires_grad)):
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
             return None
     return (os.environ.get("ROPELIB_BACKEND"), *options, *[
         None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.is_neg())

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from torch.autograd import forward_ad
 
 from . import distributed, eager, kernels, plans
 from ._checks import (
@@ -38,6 +37,7 @@ from ._checks import (
     check_layout,
     traced_nonnegative,
     tracing,
+    watcher,
 )
 
 Layout = Literal["interleaved", "half"]
@@ -111,13 +111,14 @@ def apply_rope(
         coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
-    if _transformed():
+    watched = watcher(x, cos, sin, coordinates, axes, out)
+    if watched == "transform":
         kernels.check_forced_under_transform(x)
         coordinates = kernels.settle(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
-        if _eager_training_step(cos, sin, x):
+        if watched is None and _eager_training_step(cos, sin, x):
             return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates, axes,
                                    pending)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
@@ -194,7 +195,8 @@ def apply_rope_qk(
         coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
-    if _transformed():
+    watched = watcher(q, k, cos, sin, coordinates, axes, *out or ())
+    if watched == "transform":
         kernels.check_forced_under_transform(q)
         coordinates = kernels.settle(q, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
@@ -203,7 +205,7 @@ def apply_rope_qk(
             return rotated[0], rotated[1]
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
-        if _eager_training_step(cos, sin, q, k):
+        if watched is None and _eager_training_step(cos, sin, q, k):
             return _eager_rotation(q, k, cos, sin, layout, rd, False, coordinates, axes,
                                    pending)
         return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
@@ -317,12 +319,13 @@ def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
     their destinations ``outs`` (None: new), the caller's tensors ``given``
     (``_caller_tensors``, with a cache step's slot) and options, with whether every
     destination is its x (``plans.in_place``). None for a call that takes the full path: x
-    not a plain tensor, on the host or recording autograd, a ``torch.func`` transform or
-    forward AD active, ``outs`` not one per x, an offset with positions or an int offset
+    not a plain tensor, on the host or recording autograd, ``outs`` not one per x, anybody
+    watching the call (``watcher``), an offset with positions or an int offset
     other than 0 (its rows are a slice that depends on the value)."""
     if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
             or (torch.is_grad_enabled() and xs[0].requires_grad)
-            or _transformed() or not (type(outs) in (tuple, list) and len(outs) == len(xs))):
+            or not (type(outs) in (tuple, list) and len(outs) == len(xs))
+            or watcher(*xs, *outs, *given) is not None):
         return None
     if not ((type(offset) is int and offset == 0)
             or (isinstance(offset, torch.Tensor) and positions is None)):
@@ -665,16 +668,6 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
     return positions
 
 
-def _transformed() -> bool:
-    """Whether a ``torch.func`` transform (grad, vmap, jvp, ...) or a forward-mode AD level is
-    active: then the tensors are wrapped, and the rotation is written in PyTorch operations
-    (``eager.rotate_composite``) instead of handing them to the kernel. Under
-    ``torch.compile`` the operator is traced as it is."""
-    if torch.compiler.is_compiling():
-        return False
-    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
-
-
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
@@ -774,11 +767,10 @@ torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_set
 
 def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
                          k: torch.Tensor | None = None) -> bool:
-    """The usual training step in eager mode: x (or q or k) records autograd, the tables are
-    constants, and nothing (compiler, tracer, dispatch mode) watches the call."""
+    """The usual training step of a call nobody watches (``watcher``): x (or q or k)
+    records autograd and the tables are constants."""
     return (torch.is_grad_enabled() and (x.requires_grad or k is not None and k.requires_grad)
-            and kernels.plain_call(cos, sin) and kernels.plain_tensor(x)
-            and (k is None or kernels.plain_tensor(k)))
+            and not (cos.requires_grad or sin.requires_grad))
 
 
 class _EagerRotation(torch.autograd.Function):
