@@ -431,7 +431,7 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
         if outs[0] is not None:
             check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
-    if backend.NAME != "triton":
+    if pending is not None and backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None
     if (pending is None and positions is not None and xs[0].device.type == "cpu"
             and backend is not native):

@@ -30,6 +30,8 @@ import torch
 
 from . import distributed, eager, kernels, plans
 from ._checks import (
+    FLOAT_DTYPES,
+    LAYOUTS,
     as_int,
     broadcasts,
     check_float_tensor,
@@ -90,18 +92,22 @@ def apply_rope(
         elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
         attention reads without a copy); on the CPU it is contiguous.
     """
-    given = _caller_tensors(cos, sin, positions, offset, axes)
-    key = _signature((x,), (out,), given, (layout, rotary_dim, short_table), positions, offset)
-    plan = plans.find(key)
-    if plan is not None and plan.kernel is not None:
-        return _run_plan(plan, (x,), (out,), given)[0]
-    if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
+    key = None
+    if _on_device(x):
+        given = _caller_tensors(cos, sin, positions, offset, axes)
+        key = _signature((x,), (out,), given, (layout, rotary_dim, short_table), positions,
+                         offset)
+        plan = plans.find(key)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, (x,), (out,), given)[0]
+    watched = watcher(x, cos, sin, positions, offset, axes, out)
+    if watched == "dispatcher" and not type(x) is type(cos) is type(sin) is torch.Tensor:
         cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
     cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
-                                                 short_table, axes)
+                                                 short_table, axes, watched)
     if key is not None:
         plan = plans.make(key, [x], [out], cos, sin, layout, rd, coordinates, axes, pending,
                           given)
@@ -111,16 +117,20 @@ def apply_rope(
         coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
-    watched = watcher(x, cos, sin, coordinates, axes, out)
     if watched == "transform":
         kernels.check_forced_under_transform(x)
         coordinates = kernels.settle(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
-        if watched is None and _eager_training_step(cos, sin, x):
-            return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates, axes,
-                                   pending)
+        if watched is None:
+            if not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
+                                                 or sin.requires_grad)):
+                return kernels.run_backend([x], [None], cos, sin, layout, rd, False,
+                                           coordinates, axes, pending)[0]
+            if _eager_training_step(cos, sin, x):
+                return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates,
+                                       axes, pending)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
     return out
@@ -161,7 +171,10 @@ def apply_rope_qk(
     if plan is not None and plan.kernel is not None:
         q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
         return q_rot, k_rot
-    if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
+    watched = watcher(q, k, cos, sin, positions, offset, axes,
+                      *(out if type(out) in (tuple, list) else (out,)))
+    if watched == "dispatcher" and not type(q) is type(k) is type(cos) is type(sin) is (
+            torch.Tensor):
         cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
     rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table, "q")
     check_float_tensor("k", k)
@@ -184,7 +197,7 @@ def apply_rope_qk(
         for name, t, x_name in (("q_out", out[0], "q"), ("k_out", out[1], "k")):
             _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
     cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
-                                                 short_table, axes)
+                                                 short_table, axes, watched)
     if key is not None:
         plan = plans.make(key, [q, k], list(outs), cos, sin, layout, rd, coordinates, axes,
                           pending, given)
@@ -195,7 +208,6 @@ def apply_rope_qk(
         coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
-    watched = watcher(q, k, cos, sin, coordinates, axes, *out or ())
     if watched == "transform":
         kernels.check_forced_under_transform(q)
         coordinates = kernels.settle(q, cos, coordinates, axes, pending)
@@ -295,7 +307,7 @@ def apply_rope_qk_to_cache(
                              f"cache's {capacity} slots: cache_position in [0, {capacity - n}]")
     offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
     cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
-                                              None)
+                                              None, "dispatcher")
     if key is not None:
         plan = plans.make(key, [q, k, v], [None, key_cache, value_cache], cos, sin, layout, rd,
                           coordinates, None, pending, given, slot)
@@ -364,14 +376,22 @@ def _check_caches_apart(key_cache: torch.Tensor, value_cache: torch.Tensor) -> N
 
 def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           positions: torch.Tensor | None, offset: int, rd: int, short_table: str,
-          axes: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                 torch.Tensor | None, kernels.Pending | None]:
+          axes: object, watched: str | None
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                     kernels.Pending | None]:
     """(cos, sin, coordinates, axes, pending) for the operator: the rows of x's positions (a
     view or a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates,
     which the kernel reads the rows through. On a device in eager mode, positions and a 0-d
     offset tensor go on as coordinates whose range is still ``pending`` (checked where the
-    rotation runs, in the Triton kernel's one launch: no operation of their own)."""
-    deferred = _on_device(x) and not tracing()
+    rotation runs, in the Triton kernel's one launch: no operation of their own).
+    ``watched``: ``watcher``'s answer (None: no compiler or tracer records the call)."""
+    traced = watched is not None and tracing()
+    if axes is None and positions is None and type(offset) is int and (
+            cos.ndim == 2 or not offset):  # the rows of x's own positions
+        if cos.ndim == 2:
+            cos, sin = _select_rows(cos, sin, x, None, offset, short_table, traced)
+        return cos, sin, None, None, None
+    deferred = not traced and _on_device(x)
     if axes is not None:
         if cos.ndim != 2:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
@@ -388,7 +408,7 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         if positions is not None and deferred:
             return (cos, sin, _device_coordinates(positions, x, offset, cos), None,
                     _pending(cos, short_table, True, False))
-        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
+        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table, traced)
     elif positions is not None or _given(offset):
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
@@ -415,10 +435,13 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
                      name: str = "x") -> tuple[int, int]:
     """Checks everything but ``out`` and ``positions`` (``name``: what the caller calls x);
     returns (rotary_dim, offset as int)."""
-    check_layout(layout)
+    if layout not in LAYOUTS:
+        check_layout(layout)
     if short_table not in SHORT_TABLE_MODES:
         raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
-    check_float_tensor(name, x)
+    for t_name, t in ((name, x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
+            check_float_tensor(t_name, t)
     if x.ndim < 2:
         raise ValueError(f"{name} must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     head_dim = int(x.shape[-1])  # a traced size under torch.jit.trace
@@ -427,8 +450,6 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
         what = f"head_dim ({name}.shape[-1])" if rotary_dim is None else "rotary_dim"
         raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
                          f"got {head_dim if rotary_dim is None else rotary_dim!r}")
-    check_float_tensor("cos", cos)
-    check_float_tensor("sin", sin)
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
@@ -452,7 +473,7 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
             raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
                              f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
                              "with positions= instead")
-    return rd, check_offset(offset)
+    return rd, offset if type(offset) is int and offset >= 0 else check_offset(offset)
 
 
 def check_offset(offset: object) -> int | torch.Tensor:
@@ -526,14 +547,15 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 
 def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                 positions: torch.Tensor | None, offset: int, short_table: str
+                 positions: torch.Tensor | None, offset: int, short_table: str, traced: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of the (table_len, d/2) tables for x's positions, shaped to broadcast against x:
-    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather."""
+    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather. ``traced``: a
+    compiler or tracer records the call."""
     seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
-        if not tracing() and not offset and needed == table_len:
+        if not traced and not offset and needed == table_len:
             return cos, sin  # a graph keeps the slice: it runs again with other lengths
         if needed <= table_len:
             return cos[offset:needed], sin[offset:needed]
