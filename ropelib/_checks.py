@@ -1,16 +1,18 @@
-"""Argument checks shared by the public functions.
+"""Argument checks shared by the public functions, and what every layer of the rotation
+asks alike (``watcher``: who watches a call; ``new_output``: the layout of a new output).
 
-Every message names the argument, what was seen and what was expected.
+Every message names the argument, what was seen and what was expected. This module is the
+bottom of the rotation's layers: it imports no other module of ropelib.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch.autograd.forward_ad import unpack_dual
-from torch.func import debug_unwrap
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 LAYOUTS = ("interleaved", "half")
@@ -29,9 +31,10 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-def watcher(*tensors: torch.Tensor | None) -> str | None:
-    """Who watches a call with these tensors (None where an optional one is not given): the
-    one answer every entry of ropelib acts on (the pattern of flash-attention's PR 2823).
+def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
+    """Who watches a call with these tensors (anything else, such as None for an optional
+    tensor not given, is passed over) and with the destinations ``written``: the one answer
+    every entry of ropelib acts on (the pattern of flash-attention's PR 2823).
 
     - None: nobody, an eager call of plain ``torch.Tensor`` s: the kernel is launched
       directly, without the dispatcher's layers;
@@ -40,21 +43,27 @@ def watcher(*tensors: torch.Tensor | None) -> str | None:
       a fake tensor, a Parameter): the call goes through the registered operators
       (``ropelib::rotate`` and its siblings), which they see as one node;
     - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor is its
-      wrapper, or one kept after its transform ended) or forward-mode AD (a tensor carries a
-      tangent): the rotation runs as PyTorch operations (``eager.rotate_composite``), which
-      the transform batches and differentiates.
+      wrapper, which has no storage of its own, also one kept after its transform ended)
+      or forward-mode AD (a tensor read carries a tangent): the rotation runs as PyTorch
+      operations (``eager.rotate_composite``), which the transform batches and
+      differentiates.
 
     Asked only through PyTorch's public API."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
     subclass = False
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        if debug_unwrap(t, recurse=False) is not t or (
-                t.is_floating_point() and unpack_dual(t).tangent is not None):
-            return "transform"
-        subclass = subclass or type(t) is not torch.Tensor
+    for group, read in ((tensors, True), (written, False)):
+        for t in group:
+            if type(t) is not torch.Tensor:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                subclass = True
+            try:
+                t.untyped_storage()
+            except (NotImplementedError, RuntimeError):  # a wrapper: no storage of its own
+                return "transform"
+            if read and t.dtype.is_floating_point and unpack_dual(t).tangent is not None:
+                return "transform"
     return "dispatcher" if subclass else None
 
 
@@ -256,3 +265,15 @@ def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
         return torch.ops.ropelib.nonnegative(positions)
     torch._assert_async((positions >= 0).all(), "positions must be >= 0")
     return positions
+
+
+def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
+    """The new output of a rotation of x, every backend's and the operators' fake one: on a
+    GPU in x's memory layout where x is dense with contiguous channels, as PyTorch's
+    elementwise operations make theirs (a ``(batch, seq, heads, dim)`` view stays one, so
+    attention reads it and its output without a copy), else contiguous (the CPU's compiled
+    loop writes rows in order). ``gpu``: whether x counts as on a GPU (default: x's device;
+    the Triton backend plans launches on meta tensors)."""
+    keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
+    return torch.empty_like(x, memory_format=torch.preserve_format if keep
+                            else torch.contiguous_format)

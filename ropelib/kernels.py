@@ -23,13 +23,14 @@ The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
 ``ropelib::rotate_out`` (into a given ``out``) and, for a query and a key rotated together,
 ``ropelib::rotate_qk`` and ``ropelib::rotate_qk_out``, registered with
 ``torch.library.custom_op`` and a fake implementation, so ``torch.compile``, ``torch.export``
-and ``torch.jit.trace`` see one opaque node whose shape they know. For plain tensors in eager
-mode that need no gradient, ``rotate`` and its siblings call the implementation directly
-(``plain_call``). The autograd formulas are registered by ``ropelib.rotation``, which also
-runs an eager training step (plain tensors, constant tables) as one autograd node with the
-same formula, outside the operators' layers; ``eager.rotate_composite`` is the same
-rotation in differentiable PyTorch operations, for ``torch.func`` transforms and
-forward-mode AD, which must not hand a kernel their wrapped tensors.
+and ``torch.jit.trace`` see one opaque node whose shape they know. For a call nobody
+watches (``_checks.watcher``) that needs no gradient, ``rotate`` and its siblings call the
+implementation directly (``plain_call``). The autograd formulas are registered by
+``ropelib.rotation``, which also runs an eager training step (plain tensors, constant
+tables) as one autograd node with the same formula, outside the operators' layers;
+``eager.rotate_composite`` is the same rotation in differentiable PyTorch operations,
+for ``torch.func`` transforms and forward-mode AD, which must not hand a kernel their
+wrapped tensors.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ._checks import (
     FLOAT_DTYPES,
     check_coordinates,
     check_rotation_operands,
+    new_output,
     tracing,
     watcher,
 )
@@ -60,7 +62,7 @@ ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                axes: torch.Tensor | None = None) -> torch.Tensor:
-    """R_Theta x, a new tensor (``eager.new_output``): the first ``rotary_dim`` channels
+    """R_Theta x, a new tensor (``new_output``): the first ``rotary_dim`` channels
     rotated, the rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
 
     Args:
@@ -89,7 +91,7 @@ def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                  rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                  axes: torch.Tensor | None = None) -> torch.Tensor:
     check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
-    return eager.new_output(x)
+    return new_output(x)
 
 
 @torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
@@ -140,7 +142,7 @@ def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
     heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
-    (one read of the table rows for both): two new tensors (``eager.new_output``)."""
+    (one read of the table rows for both): two new tensors (``new_output``)."""
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                positions, axes, check=True)
     return q_out, k_out
@@ -158,7 +160,7 @@ def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
-    return eager.new_output(q), eager.new_output(k)
+    return new_output(q), new_output(k)
 
 
 @torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
@@ -249,7 +251,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     positions = settle(q, cos, positions, None, pending)
     if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
         start = int(slot)
-        q_rot = eager.new_output(q)
+        q_rot = new_output(q)
         rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
                       key_cache[..., start:start + n, :], positions)
         value_cache[..., start:start + n, :].copy_(v)

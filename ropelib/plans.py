@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from . import kernels
-from .eager import new_output
+from ._checks import new_output
 
 MAX_PLANS = 512  # signatures kept; the dict is emptied when full (a plan is cheap to remake)
 _OPTION_TYPES = (str, int, bool, type(None))

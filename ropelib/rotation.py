@@ -9,16 +9,29 @@ which is multiplication by the block-diagonal matrix R_{Theta,m} of RoFormer eq.
 layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer, GPT-J,
 Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
-The path of a call, each module once: ``apply_rope`` here checks the arguments and selects
-the table rows of x's positions (a view, or a gather for ``positions``; multi-axis
-positions with ``axes`` are handed on, for the kernel to read the rows itself); the operator
-``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
-an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
-so the autograd formula registered here for that operator is the same operator with
-``inverse=True`` (sin read as -sin). On the device route each public function first looks
-its call's signature up in ``ropelib.plans``: a call seen before checks only its addresses
-and launches the Triton kernel as the first call prepared it. Nothing is cached on the
-caller's tensors: every call works from the tensors it is given.
+A call goes down these layers once and never calls back into a layer above it:
+
+    rotation      apply_rope, apply_rope_qk, apply_rope_qk_to_cache (the public entries)
+    distributed   (DTensor calls only) the DTensors' arguments as plain tensors
+    plans         (the device route only) the plan of a call's signature
+    kernels       the operators ropelib::rotate, ... and their fakes; the backend's choice
+    native | triton_rope | eager    the backends
+    _checks       the checks, and ``watcher``: who watches a call (every layer asks it)
+
+``apply_rope`` here checks the arguments and selects the table rows of x's positions (a
+view, or a gather for ``positions``; multi-axis positions with ``axes`` are handed on, for
+the kernel to read the rows itself). What happens next is decided by one answer,
+``watcher``'s: an eager call nobody watches goes straight to the backend
+(``kernels.run_backend``), through one autograd node (``_EagerRotation``) when it records
+autograd; a call under a compiler, tracer, dispatch mode or with DTensors goes through the
+operator ``ropelib::rotate``, which they see as one node; under a ``torch.func`` transform
+or forward-mode AD the rotation is PyTorch operations (``eager.rotate_composite``). The
+gradient of a rotation is the rotation by the opposite angle, so the autograd formula
+registered here for that operator is the same operator with ``inverse=True`` (sin read as
+-sin). On the device route each public function first looks its call's signature up in
+``ropelib.plans``: a call seen before checks only its addresses and launches the Triton
+kernel as the first call prepared it. Nothing is cached on the caller's tensors: every call
+works from the tensors it is given.
 """
 
 from __future__ import annotations
@@ -100,7 +113,7 @@ def apply_rope(
         plan = plans.find(key)
         if plan is not None and plan.kernel is not None:
             return _run_plan(plan, (x,), (out,), given)[0]
-    watched = watcher(x, cos, sin, positions, offset, axes, out)
+    watched = watcher(x, cos, sin, positions, offset, axes, written=(out,))
     if watched == "dispatcher" and not type(x) is type(cos) is type(sin) is torch.Tensor:
         cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
@@ -172,7 +185,7 @@ def apply_rope_qk(
         q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
         return q_rot, k_rot
     watched = watcher(q, k, cos, sin, positions, offset, axes,
-                      *(out if type(out) in (tuple, list) else (out,)))
+                      written=out if type(out) in (tuple, list) else (out,))
     if watched == "dispatcher" and not type(q) is type(k) is type(cos) is type(sin) is (
             torch.Tensor):
         cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
@@ -337,7 +350,7 @@ def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
     if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
             or (torch.is_grad_enabled() and xs[0].requires_grad)
             or not (type(outs) in (tuple, list) and len(outs) == len(xs))
-            or watcher(*xs, *outs, *given) is not None):
+            or watcher(*xs, *given, written=outs) is not None):
         return None
     if not ((type(offset) is int and offset == 0)
             or (isinstance(offset, torch.Tensor) and positions is None)):
