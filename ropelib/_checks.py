@@ -31,6 +31,9 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+_PROBE = torch.empty(0)  # watcher's question to forward AD
+
+
 def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
     """Who watches a call with these tensors (anything else, such as None for an optional
     tensor not given, is passed over) and with the destinations ``written``: the one answer
@@ -51,6 +54,10 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
     Asked only through PyTorch's public API."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
+    # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
+    # one call tells whether any tensor can carry a tangent (were that ever to change, every
+    # tensor read would be asked, which is right too, only slower).
+    dual = unpack_dual(_PROBE).primal is not _PROBE
     subclass = False
     for group, read in ((tensors, True), (written, False)):
         for t in group:
@@ -62,7 +69,8 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
                 t.untyped_storage()
             except (NotImplementedError, RuntimeError):  # a wrapper: no storage of its own
                 return "transform"
-            if read and t.dtype.is_floating_point and unpack_dual(t).tangent is not None:
+            if (read and dual and t.dtype.is_floating_point
+                    and unpack_dual(t).tangent is not None):
                 return "transform"
     return "dispatcher" if subclass else None
 
