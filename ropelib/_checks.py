@@ -45,9 +45,9 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
       ``torch.jit.trace``), a ``TorchDispatchMode``, or a tensor of a subclass (a DTensor,
       a fake tensor, a Parameter): the call goes through the registered operators
       (``ropelib::rotate`` and its siblings), which they see as one node;
-    - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor is its
-      wrapper, which has no storage of its own, also one kept after its transform ended)
-      or forward-mode AD (a tensor read carries a tangent): the rotation runs as PyTorch
+    - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor read is
+      its wrapper, which has no storage of its own, also one kept after its transform
+      ended) or forward-mode AD (a tensor read carries a tangent): the rotation runs as PyTorch
       operations (``eager.rotate_composite``), which the transform batches and
       differentiates.
 
@@ -59,19 +59,20 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
     # tensor read would be asked, which is right too, only slower).
     dual = unpack_dual(_PROBE).primal is not _PROBE
     subclass = False
-    for group, read in ((tensors, True), (written, False)):
-        for t in group:
-            if type(t) is not torch.Tensor:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                subclass = True
-            try:
-                t.untyped_storage()
-            except (NotImplementedError, RuntimeError):  # a wrapper: no storage of its own
-                return "transform"
-            if (read and dual and t.dtype.is_floating_point
-                    and unpack_dual(t).tangent is not None):
-                return "transform"
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            if not isinstance(t, torch.Tensor):
+                continue
+            subclass = True
+        try:
+            t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # a wrapper: no storage of its own
+            return "transform"
+        if dual and t.dtype.is_floating_point and unpack_dual(t).tangent is not None:
+            return "transform"
+    for t in written:  # a wrapper here fails where the kernel asks for its data pointer
+        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+            subclass = True
     return "dispatcher" if subclass else None
 
 

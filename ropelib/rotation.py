@@ -36,6 +36,7 @@ works from the tensors it is given.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Literal
 
@@ -108,9 +109,8 @@ def apply_rope(
     key = None
     if _on_device(x):
         given = _caller_tensors(cos, sin, positions, offset, axes)
-        key = _signature((x,), (out,), given, (layout, rotary_dim, short_table), positions,
-                         offset)
-        plan = plans.find(key)
+        key, plan = _signature((x,), (out,), given, (layout, rotary_dim, short_table),
+                               positions, offset)
         if plan is not None and plan.kernel is not None:
             return _run_plan(plan, (x,), (out,), given)[0]
     watched = watcher(x, cos, sin, positions, offset, axes, written=(out,))
@@ -179,8 +179,8 @@ def apply_rope_qk(
         outs = (q, k) if inplace else (None, None)
     else:
         outs = None if inplace else out  # both given: refused below
-    key = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions, offset)
-    plan = plans.find(key)
+    key, plan = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions,
+                           offset)
     if plan is not None and plan.kernel is not None:
         q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
         return q_rot, k_rot
@@ -278,9 +278,8 @@ def apply_rope_qk_to_cache(
     slots_are_positions = positions is None and isinstance(cos, torch.Tensor) and cos.ndim == 2
     given = (cos, sin, cache_position if slots_are_positions else positions, None,
              cache_position)
-    key = _signature((q, k, v), (None, key_cache, value_cache), given,
-                     (layout, rotary_dim, short_table))
-    plan = plans.find(key)
+    key, plan = _signature((q, k, v), (None, key_cache, value_cache), given,
+                           (layout, rotary_dim, short_table))
     if plan is not None and plan.kernel is not None:
         return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
     rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
@@ -339,11 +338,14 @@ def _caller_tensors(cos: object, sin: object, positions: object, offset: object,
 
 
 def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
-               positions: object = None, offset: object = 0) -> tuple | None:
-    """``plans.signature`` of a call on the device route (``_on_device``) with x's ``xs``,
+               positions: object = None, offset: object = 0
+               ) -> tuple[tuple | None, plans.Plan | None]:
+    """``plans.signature`` (key, plan) of a call on the device route (``_on_device``) with
+    x's ``xs``,
     their destinations ``outs`` (None: new), the caller's tensors ``given``
     (``_caller_tensors``, with a cache step's slot) and options, with whether every
-    destination is its x (``plans.in_place``). None for a call that takes the full path: x
+    destination is its x (``plans.in_place``). (None, None) for a call that takes the full
+    path: x
     not a plain tensor, on the host or recording autograd, ``outs`` not one per x, anybody
     watching the call (``watcher``), an offset with positions or an int offset
     other than 0 (its rows are a slice that depends on the value)."""
@@ -351,11 +353,12 @@ def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
             or (torch.is_grad_enabled() and xs[0].requires_grad)
             or not (type(outs) in (tuple, list) and len(outs) == len(xs))
             or watcher(*xs, *given, written=outs) is not None):
-        return None
+        return None, None
     if not ((type(offset) is int and offset == 0)
             or (isinstance(offset, torch.Tensor) and positions is None)):
-        return None
-    return plans.signature((*xs, *outs, *given), (*options, plans.in_place(xs, outs)))
+        return None, None
+    in_place = all(map(operator.is_, xs, outs))  # plans.in_place, without a call
+    return plans.signature((*xs, *outs, *given), (*options, in_place))
 
 
 def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
