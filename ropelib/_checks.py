@@ -55,8 +55,10 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
     # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
-    # one call tells whether any tensor can carry a tangent (were that ever to change, every
-    # tensor read would be asked, which is right too, only slower).
+    # one call tells whether any tensor can carry a tangent. Were it to return a view always,
+    # every tensor read would be asked (right, only slower); were it to return a plain
+    # tensor itself under a level, tangents would go unseen: tests/test_call_path.py's
+    # tangent on cos after plain calls fails then.
     dual = unpack_dual(_PROBE).primal is not _PROBE
     subclass = False
     for t in tensors:
