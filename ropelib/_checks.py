@@ -1,14 +1,19 @@
-"""Argument checks shared by the public functions.
+"""Argument checks shared by the public functions, and what every layer of the rotation
+asks alike (``watcher``: who watches a call; ``new_output``: the layout of a new output).
 
-Every message names the argument, what was seen and what was expected.
+Every message names the argument, what was seen and what was expected. This module is the
+bottom of the rotation's layers: it imports no other module of ropelib.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch.autograd.forward_ad import unpack_dual
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 LAYOUTS = ("interleaved", "half")
 
@@ -24,6 +29,53 @@ def tracing() -> bool:
     may branch on them. Checks that only guard against misuse are skipped or become
     runtime assertions there; the computation is never skipped."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+_PROBE = torch.empty(0)  # watcher's question to forward AD
+
+
+def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
+    """Who watches a call with these tensors (anything else, such as None for an optional
+    tensor not given, is passed over) and with the destinations ``written``: the one answer
+    every entry of ropelib acts on (the pattern of flash-attention's PR 2823).
+
+    - None: nobody, an eager call of plain ``torch.Tensor`` s: the kernel is launched
+      directly, without the dispatcher's layers;
+    - ``"dispatcher"``: a compiler or tracer (``torch.compile``, ``torch.export``,
+      ``torch.jit.trace``), a ``TorchDispatchMode``, or a tensor of a subclass (a DTensor,
+      a fake tensor, a Parameter): the call goes through the registered operators
+      (``ropelib::rotate`` and its siblings), which they see as one node;
+    - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor read is
+      its wrapper, which has no storage of its own, also one kept after its transform
+      ended) or forward-mode AD (a tensor read carries a tangent): the rotation runs as PyTorch
+      operations (``eager.rotate_composite``), which the transform batches and
+      differentiates.
+
+    Asked only through PyTorch's public API."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
+        return "dispatcher"
+    # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
+    # one call tells whether any tensor can carry a tangent. Were it to return a view always,
+    # every tensor read would be asked (right, only slower); were it to return a plain
+    # tensor itself under a level, tangents would go unseen: tests/test_call_path.py's
+    # tangent on cos after plain calls fails then.
+    dual = unpack_dual(_PROBE).primal is not _PROBE
+    subclass = False
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            if not isinstance(t, torch.Tensor):
+                continue
+            subclass = True
+        try:
+            t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # a wrapper: no storage of its own
+            return "transform"
+        if dual and t.dtype.is_floating_point and unpack_dual(t).tangent is not None:
+            return "transform"
+    for t in written:  # a wrapper here fails where the kernel asks for its data pointer
+        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+            subclass = True
+    return "dispatcher" if subclass else None
 
 
 def as_int(value: object) -> int | None:
@@ -224,3 +276,15 @@ def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
         return torch.ops.ropelib.nonnegative(positions)
     torch._assert_async((positions >= 0).all(), "positions must be >= 0")
     return positions
+
+
+def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
+    """The new output of a rotation of x, every backend's and the operators' fake one: on a
+    GPU in x's memory layout where x is dense with contiguous channels, as PyTorch's
+    elementwise operations make theirs (a ``(batch, seq, heads, dim)`` view stays one, so
+    attention reads it and its output without a copy), else contiguous (the CPU's compiled
+    loop writes rows in order). ``gpu``: whether x counts as on a GPU (default: x's device;
+    the Triton backend plans launches on meta tensors)."""
+    keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
+    return torch.empty_like(x, memory_format=torch.preserve_format if keep
+                            else torch.contiguous_format)

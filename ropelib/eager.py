@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ._checks import new_output
+
 NAME = "eager"
 _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
@@ -54,18 +56,6 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         cos, sin = gather_rows(cos, sin, positions, axes)
     return [_rotate_one(x, cos, sin, layout, rotary_dim, out, inverse)
             for x, out in zip(xs, outs, strict=True)]
-
-
-def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
-    """The new output of a rotation of x, every backend's and the operators' fake one: on a
-    GPU in x's memory layout where x is dense with contiguous channels, as PyTorch's
-    elementwise operations make theirs (a ``(batch, seq, heads, dim)`` view stays one, so
-    attention reads it and its output without a copy), else contiguous (the CPU's compiled
-    loop writes rows in order). ``gpu``: whether x counts as on a GPU (default: x's device;
-    the Triton backend plans launches on meta tensors)."""
-    keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
-    return torch.empty_like(x, memory_format=torch.preserve_format if keep
-                            else torch.contiguous_format)
 
 
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,

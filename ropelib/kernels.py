@@ -23,13 +23,14 @@ The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
 ``ropelib::rotate_out`` (into a given ``out``) and, for a query and a key rotated together,
 ``ropelib::rotate_qk`` and ``ropelib::rotate_qk_out``, registered with
 ``torch.library.custom_op`` and a fake implementation, so ``torch.compile``, ``torch.export``
-and ``torch.jit.trace`` see one opaque node whose shape they know. For plain tensors in eager
-mode that need no gradient, ``rotate`` and its siblings call the implementation directly
-(``plain_call``). The autograd formulas are registered by ``ropelib.rotation``, which also
-runs an eager training step (plain tensors, constant tables) as one autograd node with the
-same formula, outside the operators' layers; ``eager.rotate_composite`` is the same
-rotation in differentiable PyTorch operations, for ``torch.func`` transforms and
-forward-mode AD, which must not hand a kernel their wrapped tensors.
+and ``torch.jit.trace`` see one opaque node whose shape they know. For a call nobody
+watches (``_checks.watcher``) that needs no gradient, ``rotate`` and its siblings call the
+implementation directly (``plain_call``). The autograd formulas are registered by
+``ropelib.rotation``, which also runs an eager training step (plain tensors, constant
+tables) as one autograd node with the same formula, outside the operators' layers;
+``eager.rotate_composite`` is the same rotation in differentiable PyTorch operations,
+for ``torch.func`` transforms and forward-mode AD, which must not hand a kernel their
+wrapped tensors.
 """
 
 from __future__ import annotations
@@ -42,10 +43,16 @@ from types import ModuleType
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import eager, native
-from ._checks import FLOAT_DTYPES, check_coordinates, check_rotation_operands, tracing
+from ._checks import (
+    FLOAT_DTYPES,
+    check_coordinates,
+    check_rotation_operands,
+    new_output,
+    tracing,
+    watcher,
+)
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
@@ -55,7 +62,7 @@ ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
 def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                axes: torch.Tensor | None = None) -> torch.Tensor:
-    """R_Theta x, a new tensor (``eager.new_output``): the first ``rotary_dim`` channels
+    """R_Theta x, a new tensor (``new_output``): the first ``rotary_dim`` channels
     rotated, the rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
 
     Args:
@@ -84,7 +91,7 @@ def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
                  rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
                  axes: torch.Tensor | None = None) -> torch.Tensor:
     check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
-    return eager.new_output(x)
+    return new_output(x)
 
 
 @torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
@@ -108,7 +115,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            axes: torch.Tensor | None = None, pending: Pending | None = None) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new tensor
     (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(x, cos, sin, *_given(positions, axes)):
+    if plain_call(x, cos, sin, positions, axes):
         return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                             pending)
     return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
@@ -120,7 +127,7 @@ def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
                axes: torch.Tensor | None = None, pending: Pending | None = None) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
     bumped like any in-place write's (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(x, cos, sin, out, *_given(positions, axes)):
+    if plain_call(x, cos, sin, out, positions, axes):
         _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes, pending)
         torch.autograd.graph.increment_version(out)
     else:
@@ -135,7 +142,7 @@ def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
     heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
-    (one read of the table rows for both): two new tensors (``eager.new_output``)."""
+    (one read of the table rows for both): two new tensors (``new_output``)."""
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                positions, axes, check=True)
     return q_out, k_out
@@ -153,7 +160,7 @@ def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
-    return eager.new_output(q), eager.new_output(k)
+    return new_output(q), new_output(k)
 
 
 @torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
@@ -180,7 +187,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
               positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
               pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``Pending``)."""
-    if plain_call(q, k, cos, sin, *_given(positions, axes)):
+    if plain_call(q, k, cos, sin, positions, axes):
         q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                    positions, axes, pending)
         return q_out, k_out
@@ -194,7 +201,7 @@ def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
                   pending: Pending | None = None) -> None:
     """``ropelib::rotate_qk_out``: both destinations' version counters are bumped
     (``pending``: see ``Pending``)."""
-    if plain_call(q, k, cos, sin, q_out, k_out, *_given(positions, axes)):
+    if plain_call(q, k, cos, sin, q_out, k_out, positions, axes):
         _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes,
                         pending)
         torch.autograd.graph.increment_version((q_out, k_out))
@@ -233,7 +240,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     ``index_copy_`` into the caches.
     """
     n, capacity = q.shape[-2], key_cache.shape[-2]
-    if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, *_given(positions)):
+    if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
                                        rotary_dim, positions)
         if backend.NAME == "triton":
@@ -244,7 +251,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     positions = settle(q, cos, positions, None, pending)
     if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
         start = int(slot)
-        q_rot = eager.new_output(q)
+        q_rot = new_output(q)
         rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
                       key_cache[..., start:start + n, :], positions)
         value_cache[..., start:start + n, :].copy_(v)
@@ -258,38 +265,18 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     return q_rot
 
 
-def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    return tuple(t for t in tensors if t is not None)
-
-
-def plain_call(*tensors: torch.Tensor) -> bool:
-    """Whether the operators' implementation may run without the dispatcher: plain tensors
-    that need no gradient, in eager mode, with no compiler, tracer, ``torch.func`` transform
-    or dispatch mode watching. The dispatcher would run the same function after 10-30 us of
-    Python layers, which at small shapes cost more than the rotation."""
-    if watched():
+def plain_call(*tensors: torch.Tensor | None) -> bool:
+    """Whether the operators' implementation may run without the dispatcher: nobody watches
+    the call (``watcher`` is None) and no tensor needs a gradient. The dispatcher would run
+    the same function after 10-30 us of Python layers, which at small shapes cost more than
+    the rotation."""
+    if watcher(*tensors) is not None:
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if not plain_tensor(t) or (grad and t.requires_grad):
-            return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return False
     return True
-
-
-def watched() -> bool:
-    """Whether a compiler, tracer, ``torch.func`` transform or dispatch mode watches the
-    call (it must see the operators, not their implementation)."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active() or is_in_torch_dispatch_mode())
-
-
-def plain_tensor(t: torch.Tensor) -> bool:
-    """Whether t is a ``torch.Tensor`` itself, not a subclass nor a ``torch.func`` wrapper
-    (such as one kept after its transform ended, which the dispatcher unwraps)."""
-    return type(t) is torch.Tensor and not functorch_wrapped(t)
-
-
-functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -446,7 +433,7 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
         if outs[0] is not None:
             check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
-    if backend.NAME != "triton":
+    if pending is not None and backend.NAME != "triton":
         positions, pending = settle(xs[0], cos, positions, axes, pending), None
     if (pending is None and positions is not None and xs[0].device.type == "cpu"
             and backend is not native):

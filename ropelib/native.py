@@ -264,8 +264,10 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
             axes = torch.zeros(rotary_dim // 2, dtype=torch.int32)
     accumulate = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
     cos, sin = cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
-    return [rotate(x, cos, sin, layout, rotary_dim, out, inverse, positions, axes)
-            for x, out in zip(xs, outs, strict=True)]
+    done = []
+    for x, out in zip(xs, outs, strict=True):  # a loop, not a comprehension: no frame of its own
+        done.append(rotate(x, cos, sin, layout, rotary_dim, out, inverse, positions, axes))
+    return done
 
 
 def supports_axis_rows(cos: torch.Tensor, sin: torch.Tensor) -> bool:

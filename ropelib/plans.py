@@ -8,7 +8,7 @@ whether its destinations are its own inputs. The first call of a signature runs 
 and chooses the backend; ``make`` keeps the result as a ``Plan`` (the Triton kernel's
 prepared launch, or word that another backend takes such calls) in a bounded dict owned by
 this module, never on the caller's tensors. A later call with the same signature finds it
-(``find``), checks only what depends on addresses (overlaps of its destinations, done by
+(``signature``), checks only what depends on addresses (overlaps of its destinations, done by
 the caller) and launches (``ropelib.triton_rope.launch``); values (positions, offsets, axes,
 slots) are checked in the kernel, on every call.
 
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from . import kernels
-from .eager import new_output
+from ._checks import new_output
 
 MAX_PLANS = 512  # signatures kept; the dict is emptied when full (a plan is cheap to remake)
 _OPTION_TYPES = (str, int, bool, type(None))
@@ -54,31 +54,24 @@ _plans: dict[tuple, Plan] = {}
 
 
 def signature(tensors: Sequence[torch.Tensor | None], options: Sequence[object]
-              ) -> tuple | None:
-    """The key of a call with these tensors (None where an optional one is not given) and
+              ) -> tuple[tuple | None, Plan | None]:
+    """(The key, the plan kept under it or None) of a call with these tensors (None where
+    an optional one is not given) and
     options (str, int, bool or None): ``ROPELIB_BACKEND``, the options and per tensor its
-    shape, strides, dtype, device and negation bit. None when the call takes no plan: a
-    compiler, tracer, transform or dispatch mode watching (``kernels.watched``), a tensor
-    that is not a plain ``torch.Tensor`` or records autograd, or an option of another
-    type."""
-    if kernels.watched():
-        return None
+    shape, strides, dtype, device and negation bit. (None, None) when the call takes no
+    plan: a tensor that is not a plain ``torch.Tensor`` or records autograd, or an option
+    of another type. (The caller has asked ``watcher`` first: nobody watches the call.)"""
     for option in options:
         if type(option) not in _OPTION_TYPES:
-            return None
-    grad, wrapped = torch.is_grad_enabled(), kernels.functorch_wrapped
-    for t in tensors:  # kernels.plain_tensor, inlined
-        if t is not None and (type(t) is not torch.Tensor or wrapped(t)
-                              or (grad and t.requires_grad)):
-            return None
-    return (os.environ.get("ROPELIB_BACKEND"), *options, *[
+            return None, None
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return None, None
+    key = (os.environ.get("ROPELIB_BACKEND"), *options, *[
         None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.is_neg())
         for t in tensors])
-
-
-def find(key: tuple | None) -> Plan | None:
-    """The plan of this signature (None: no key, or its first call)."""
-    return None if key is None else _plans.get(key)
+    return key, _plans.get(key)
 
 
 def make(key: tuple, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],

@@ -9,28 +9,43 @@ which is multiplication by the block-diagonal matrix R_{Theta,m} of RoFormer eq.
 layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer, GPT-J,
 Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
-The path of a call, each module once: ``apply_rope`` here checks the arguments and selects
-the table rows of x's positions (a view, or a gather for ``positions``; multi-axis
-positions with ``axes`` are handed on, for the kernel to read the rows itself); the operator
-``ropelib::rotate`` of ``ropelib.kernels`` picks the compiled loop (``ropelib.native``) or
-an eager path and runs it. The gradient of a rotation is the rotation by the opposite angle,
-so the autograd formula registered here for that operator is the same operator with
-``inverse=True`` (sin read as -sin). On the device route each public function first looks
-its call's signature up in ``ropelib.plans``: a call seen before checks only its addresses
-and launches the Triton kernel as the first call prepared it. Nothing is cached on the
-caller's tensors: every call works from the tensors it is given.
+A call goes down these layers once and never calls back into a layer above it:
+
+    rotation      apply_rope, apply_rope_qk, apply_rope_qk_to_cache (the public entries)
+    distributed   (DTensor calls only) the DTensors' arguments as plain tensors
+    plans         (the device route only) the plan of a call's signature
+    kernels       the operators ropelib::rotate, ... and their fakes; the backend's choice
+    native | triton_rope | eager    the backends
+    _checks       the checks, and ``watcher``: who watches a call (every layer asks it)
+
+``apply_rope`` here checks the arguments and selects the table rows of x's positions (a
+view, or a gather for ``positions``; multi-axis positions with ``axes`` are handed on, for
+the kernel to read the rows itself). What happens next is decided by one answer,
+``watcher``'s: an eager call nobody watches goes straight to the backend
+(``kernels.run_backend``), through one autograd node (``_EagerRotation``) when it records
+autograd; a call under a compiler, tracer, dispatch mode or with DTensors goes through the
+operator ``ropelib::rotate``, which they see as one node; under a ``torch.func`` transform
+or forward-mode AD the rotation is PyTorch operations (``eager.rotate_composite``). The
+gradient of a rotation is the rotation by the opposite angle, so the autograd formula
+registered here for that operator is the same operator with ``inverse=True`` (sin read as
+-sin). On the device route each public function first looks its call's signature up in
+``ropelib.plans``: a call seen before checks only its addresses and launches the Triton
+kernel as the first call prepared it. Nothing is cached on the caller's tensors: every call
+works from the tensors it is given.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from torch.autograd import forward_ad
 
 from . import distributed, eager, kernels, plans
 from ._checks import (
+    FLOAT_DTYPES,
+    LAYOUTS,
     as_int,
     broadcasts,
     check_float_tensor,
@@ -38,6 +53,7 @@ from ._checks import (
     check_layout,
     traced_nonnegative,
     tracing,
+    watcher,
 )
 
 Layout = Literal["interleaved", "half"]
@@ -90,18 +106,21 @@ def apply_rope(
         elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
         attention reads without a copy); on the CPU it is contiguous.
     """
-    given = _caller_tensors(cos, sin, positions, offset, axes)
-    key = _signature((x,), (out,), given, (layout, rotary_dim, short_table), positions, offset)
-    plan = plans.find(key)
-    if plan is not None and plan.kernel is not None:
-        return _run_plan(plan, (x,), (out,), given)[0]
-    if not type(x) is type(cos) is type(sin) is torch.Tensor:  # DTensors, Parameters, ...
+    key = None
+    if _on_device(x):
+        given = _caller_tensors(cos, sin, positions, offset, axes)
+        key, plan = _signature((x,), (out,), given, (layout, rotary_dim, short_table),
+                               positions, offset)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, (x,), (out,), given)[0]
+    watched = watcher(x, cos, sin, positions, offset, axes, written=(out,))
+    if watched == "dispatcher" and not type(x) is type(cos) is type(sin) is torch.Tensor:
         cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
     rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
     if out is not None:
         _check_out(out, x, cos, sin)
     cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
-                                                 short_table, axes)
+                                                 short_table, axes, watched)
     if key is not None:
         plan = plans.make(key, [x], [out], cos, sin, layout, rd, coordinates, axes, pending,
                           given)
@@ -111,15 +130,20 @@ def apply_rope(
         coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
-    if _transformed():
+    if watched == "transform":
         kernels.check_forced_under_transform(x)
         coordinates = kernels.settle(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
-        if _eager_training_step(cos, sin, x):
-            return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates, axes,
-                                   pending)
+        if watched is None:
+            if not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
+                                                 or sin.requires_grad)):
+                return kernels.run_backend([x], [None], cos, sin, layout, rd, False,
+                                           coordinates, axes, pending)[0]
+            if _eager_training_step(cos, sin, x):
+                return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates,
+                                       axes, pending)
         return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
     kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
     return out
@@ -155,12 +179,15 @@ def apply_rope_qk(
         outs = (q, k) if inplace else (None, None)
     else:
         outs = None if inplace else out  # both given: refused below
-    key = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions, offset)
-    plan = plans.find(key)
+    key, plan = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions,
+                           offset)
     if plan is not None and plan.kernel is not None:
         q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
         return q_rot, k_rot
-    if not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
+    watched = watcher(q, k, cos, sin, positions, offset, axes,
+                      written=out if type(out) in (tuple, list) else (out,))
+    if watched == "dispatcher" and not type(q) is type(k) is type(cos) is type(sin) is (
+            torch.Tensor):
         cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
     rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table, "q")
     check_float_tensor("k", k)
@@ -183,7 +210,7 @@ def apply_rope_qk(
         for name, t, x_name in (("q_out", out[0], "q"), ("k_out", out[1], "k")):
             _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
     cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
-                                                 short_table, axes)
+                                                 short_table, axes, watched)
     if key is not None:
         plan = plans.make(key, [q, k], list(outs), cos, sin, layout, rd, coordinates, axes,
                           pending, given)
@@ -194,7 +221,7 @@ def apply_rope_qk(
         coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
-    if _transformed():
+    if watched == "transform":
         kernels.check_forced_under_transform(q)
         coordinates = kernels.settle(q, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
@@ -203,7 +230,7 @@ def apply_rope_qk(
             return rotated[0], rotated[1]
         return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
     if out is None:
-        if _eager_training_step(cos, sin, q, k):
+        if watched is None and _eager_training_step(cos, sin, q, k):
             return _eager_rotation(q, k, cos, sin, layout, rd, False, coordinates, axes,
                                    pending)
         return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
@@ -251,9 +278,8 @@ def apply_rope_qk_to_cache(
     slots_are_positions = positions is None and isinstance(cos, torch.Tensor) and cos.ndim == 2
     given = (cos, sin, cache_position if slots_are_positions else positions, None,
              cache_position)
-    key = _signature((q, k, v), (None, key_cache, value_cache), given,
-                     (layout, rotary_dim, short_table))
-    plan = plans.find(key)
+    key, plan = _signature((q, k, v), (None, key_cache, value_cache), given,
+                           (layout, rotary_dim, short_table))
     if plan is not None and plan.kernel is not None:
         return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
     rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
@@ -293,7 +319,7 @@ def apply_rope_qk_to_cache(
                              f"cache's {capacity} slots: cache_position in [0, {capacity - n}]")
     offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
     cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
-                                              None)
+                                              None, "dispatcher")
     if key is not None:
         plan = plans.make(key, [q, k, v], [None, key_cache, value_cache], cos, sin, layout, rd,
                           coordinates, None, pending, given, slot)
@@ -312,22 +338,27 @@ def _caller_tensors(cos: object, sin: object, positions: object, offset: object,
 
 
 def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
-               positions: object = None, offset: object = 0) -> tuple | None:
-    """``plans.signature`` of a call on the device route (``_on_device``) with x's ``xs``,
+               positions: object = None, offset: object = 0
+               ) -> tuple[tuple | None, plans.Plan | None]:
+    """``plans.signature`` (key, plan) of a call on the device route (``_on_device``) with
+    x's ``xs``,
     their destinations ``outs`` (None: new), the caller's tensors ``given``
     (``_caller_tensors``, with a cache step's slot) and options, with whether every
-    destination is its x (``plans.in_place``). None for a call that takes the full path: x
-    not a plain tensor, on the host or recording autograd, a ``torch.func`` transform or
-    forward AD active, ``outs`` not one per x, an offset with positions or an int offset
+    destination is its x (``plans.in_place``). (None, None) for a call that takes the full
+    path: x
+    not a plain tensor, on the host or recording autograd, ``outs`` not one per x, anybody
+    watching the call (``watcher``), an offset with positions or an int offset
     other than 0 (its rows are a slice that depends on the value)."""
     if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
             or (torch.is_grad_enabled() and xs[0].requires_grad)
-            or _transformed() or not (type(outs) in (tuple, list) and len(outs) == len(xs))):
-        return None
+            or not (type(outs) in (tuple, list) and len(outs) == len(xs))
+            or watcher(*xs, *given, written=outs) is not None):
+        return None, None
     if not ((type(offset) is int and offset == 0)
             or (isinstance(offset, torch.Tensor) and positions is None)):
-        return None
-    return plans.signature((*xs, *outs, *given), (*options, plans.in_place(xs, outs)))
+        return None, None
+    in_place = all(map(operator.is_, xs, outs))  # plans.in_place, without a call
+    return plans.signature((*xs, *outs, *given), (*options, in_place))
 
 
 def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
@@ -361,14 +392,22 @@ def _check_caches_apart(key_cache: torch.Tensor, value_cache: torch.Tensor) -> N
 
 def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           positions: torch.Tensor | None, offset: int, rd: int, short_table: str,
-          axes: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                 torch.Tensor | None, kernels.Pending | None]:
+          axes: object, watched: str | None
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                     kernels.Pending | None]:
     """(cos, sin, coordinates, axes, pending) for the operator: the rows of x's positions (a
     view or a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates,
     which the kernel reads the rows through. On a device in eager mode, positions and a 0-d
     offset tensor go on as coordinates whose range is still ``pending`` (checked where the
-    rotation runs, in the Triton kernel's one launch: no operation of their own)."""
-    deferred = _on_device(x) and not tracing()
+    rotation runs, in the Triton kernel's one launch: no operation of their own).
+    ``watched``: ``watcher``'s answer (None: no compiler or tracer records the call)."""
+    traced = watched is not None and tracing()
+    if axes is None and positions is None and type(offset) is int and (
+            cos.ndim == 2 or not offset):  # the rows of x's own positions
+        if cos.ndim == 2:
+            cos, sin = _select_rows(cos, sin, x, None, offset, short_table, traced)
+        return cos, sin, None, None, None
+    deferred = not traced and _on_device(x)
     if axes is not None:
         if cos.ndim != 2:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
@@ -385,7 +424,7 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         if positions is not None and deferred:
             return (cos, sin, _device_coordinates(positions, x, offset, cos), None,
                     _pending(cos, short_table, True, False))
-        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table)
+        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table, traced)
     elif positions is not None or _given(offset):
         raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
                          f"are already gathered (shape {tuple(cos.shape)})")
@@ -412,10 +451,13 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
                      name: str = "x") -> tuple[int, int]:
     """Checks everything but ``out`` and ``positions`` (``name``: what the caller calls x);
     returns (rotary_dim, offset as int)."""
-    check_layout(layout)
+    if layout not in LAYOUTS:
+        check_layout(layout)
     if short_table not in SHORT_TABLE_MODES:
         raise ValueError(f"short_table must be one of {SHORT_TABLE_MODES}, got {short_table!r}")
-    check_float_tensor(name, x)
+    for t_name, t in ((name, x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
+            check_float_tensor(t_name, t)
     if x.ndim < 2:
         raise ValueError(f"{name} must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     head_dim = int(x.shape[-1])  # a traced size under torch.jit.trace
@@ -424,8 +466,6 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
         what = f"head_dim ({name}.shape[-1])" if rotary_dim is None else "rotary_dim"
         raise ValueError(f"{what} must be a positive even number <= head_dim={head_dim}, "
                          f"got {head_dim if rotary_dim is None else rotary_dim!r}")
-    check_float_tensor("cos", cos)
-    check_float_tensor("sin", sin)
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
@@ -449,7 +489,7 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
             raise ValueError(f"gathered cos/sin must have {x.ndim} dims and broadcast to "
                              f"{tuple(expected)}, got {tuple(cos.shape)}; pass the 2-D table "
                              "with positions= instead")
-    return rd, check_offset(offset)
+    return rd, offset if type(offset) is int and offset >= 0 else check_offset(offset)
 
 
 def check_offset(offset: object) -> int | torch.Tensor:
@@ -523,14 +563,15 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 
 def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                 positions: torch.Tensor | None, offset: int, short_table: str
+                 positions: torch.Tensor | None, offset: int, short_table: str, traced: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of the (table_len, d/2) tables for x's positions, shaped to broadcast against x:
-    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather."""
+    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather. ``traced``: a
+    compiler or tracer records the call."""
     seq_len, table_len = x.shape[-2], cos.shape[0]
     if positions is None:
         needed = offset + seq_len
-        if not tracing() and not offset and needed == table_len:
+        if not traced and not offset and needed == table_len:
             return cos, sin  # a graph keeps the slice: it runs again with other lengths
         if needed <= table_len:
             return cos[offset:needed], sin[offset:needed]
@@ -665,16 +706,6 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, tabl
     return positions
 
 
-def _transformed() -> bool:
-    """Whether a ``torch.func`` transform (grad, vmap, jvp, ...) or a forward-mode AD level is
-    active: then the tensors are wrapped, and the rotation is written in PyTorch operations
-    (``eager.rotate_composite``) instead of handing them to the kernel. Under
-    ``torch.compile`` the operator is traced as it is."""
-    if torch.compiler.is_compiling():
-        return False
-    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
-
-
 def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
     """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
     grads of cos or sin need it, so the rotation adds no activation memory in the usual
@@ -774,11 +805,10 @@ torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_set
 
 def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
                          k: torch.Tensor | None = None) -> bool:
-    """The usual training step in eager mode: x (or q or k) records autograd, the tables are
-    constants, and nothing (compiler, tracer, dispatch mode) watches the call."""
+    """The usual training step of a call nobody watches (``watcher``): x (or q or k)
+    records autograd and the tables are constants."""
     return (torch.is_grad_enabled() and (x.requires_grad or k is not None and k.requires_grad)
-            and kernels.plain_call(cos, sin) and kernels.plain_tensor(x)
-            and (k is None or kernels.plain_tensor(k)))
+            and not (cos.requires_grad or sin.requires_grad))
 
 
 class _EagerRotation(torch.autograd.Function):

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .eager import new_output
+from ._checks import new_output
 
 NAME = "triton"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -336,7 +336,7 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         config: Config | None = None, *, pending=None, plan: Plan | None = None
         ) -> list[torch.Tensor]:
     """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new tensor,
-    ``eager.new_output``; x itself: in place), after ``declines`` returned None.
+    ``new_output``; x itself: in place), after ``declines`` returned None.
 
     Args:
         xs: one or two tensors ``(..., heads, seq, head_dim)`` of one shape but for the heads.
@@ -486,7 +486,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
 
 
 def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
-    """The strides of ``eager.new_output`` of a tensor x = (shape, strides, dtype) on a GPU
+    """The strides of ``new_output`` of a tensor x = (shape, strides, dtype) on a GPU
     (``cuda``) or on the CPU, worked out on a meta tensor of x's layout."""
     shape, strides, dtype = x
     return new_output(torch.empty_strided(shape, strides, dtype=dtype, device="meta"),

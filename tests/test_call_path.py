@@ -213,3 +213,20 @@ def test_arguments_of_the_wrong_kind_are_refused_by_name():
         apply_rope_qk(q, q, cos, sin, out=q)
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
         apply_rope_qk(q, None, cos, sin)
+
+
+def test_a_tangent_on_the_tables_after_plain_calls_of_the_same_shapes():
+    """Forward-mode AD with a tangent on cos only (x plain), after plain calls of the same
+    shapes: the call does not take their plan, and the output's tangent is d/dcos of
+    (a cos - b sin, b cos + a sin) along the tangent: x times it, in each pair's two
+    channels (half layout: i and i + D/2)."""
+    x = torch.randn(2, 3, D)
+    cos, sin = generate_rope_embeddings(3, D)
+    for _ in range(2):
+        apply_rope(x, cos, sin, layout="half")
+    tangent = torch.randn_like(cos)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(cos, tangent)
+        rotated = apply_rope(x, dual, sin, layout="half")
+        got = torch.autograd.forward_ad.unpack_dual(rotated).tangent
+    close(got, x * torch.cat((tangent, tangent), -1))

@@ -20,9 +20,9 @@ from test_one_launch import Recorder, device_route  # noqa: F401 (a fixture)
 from ropelib import (
     KVCache,
     StandardAttentionWithRoPE,
+    _checks,
     apply_rope,
     apply_rope_qk_to_cache,
-    kernels,
     rotation,
 )
 from ropelib.scaling import scaled_frequencies
@@ -98,7 +98,7 @@ def test_the_device_route_reads_the_slot_in_the_kernel(device_route, layout):  #
                                                                keys[:, :, :4])
     launches = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kernels, "is_in_torch_dispatch_mode", lambda: False)
+        patch.setattr(_checks, "is_in_torch_dispatch_mode", lambda: False)
         patch.setattr(triton_rope, "_launch",
                       lambda x, launch, tensors: launches.append(launch))
         with Recorder() as recorder:
@@ -214,7 +214,7 @@ def test_the_module_step_is_one_launch_on_the_device_route(device_route, monkeyp
     with torch.no_grad():
         attn(x, x, x, kv_cache=cache, cache_position=torch.tensor(0))  # buffers made
         launches = []
-        monkeypatch.setattr(kernels, "is_in_torch_dispatch_mode", lambda: False)
+        monkeypatch.setattr(_checks, "is_in_torch_dispatch_mode", lambda: False)
         monkeypatch.setattr(triton_rope, "_launch",
                             lambda x, launch, tensors: launches.append(launch))
         with Recorder() as recorder:

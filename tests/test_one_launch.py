@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ropelib import (
     KVCache,
     StandardAttentionWithRoPE,
+    _checks,
     apply_rope,
     apply_rope_qk,
     apply_rope_qk_to_cache,
@@ -74,7 +75,7 @@ def take_device_route(monkeypatch) -> None:
     for nobody watching)."""
     monkeypatch.setenv("ROPELIB_BACKEND", "triton")
     monkeypatch.setattr(rotation, "_on_device", lambda t: True)
-    monkeypatch.setattr(kernels, "is_in_torch_dispatch_mode", lambda: False)
+    monkeypatch.setattr(_checks, "is_in_torch_dispatch_mode", lambda: False)
 
 
 @pytest.fixture

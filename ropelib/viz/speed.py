@@ -61,7 +61,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 # The backend a custom operator is opened at, by the device of its first tensor argument.
-_BACKENDS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
+_BACKENDS = {"cpu": torch.DispatchKey.CPU, "cuda": torch.DispatchKey.CUDA}
 
 
 class _TrafficMode(TorchDispatchMode):
@@ -77,7 +77,7 @@ class _TrafficMode(TorchDispatchMode):
             # A custom operator (torch.library): run its implementation for the backend
             # with this mode pushed again, so the ATen operators inside it are counted.
             with self:
-                return func.redispatch(torch._C.DispatchKeySet(backend), *args, **kwargs)
+                return func.redispatch(torch.DispatchKeySet(backend), *args, **kwargs)
         result = func(*args, **kwargs)
         if func.is_view:
             return result
