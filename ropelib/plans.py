@@ -65,12 +65,15 @@ def signature(tensors: Sequence[torch.Tensor | None], options: Sequence[object]
         if type(option) not in _OPTION_TYPES:
             return None, None
     grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+    key = [os.environ.get("ROPELIB_BACKEND"), *options]
+    for t in tensors:  # one pass: each tensor checked and keyed
+        if t is None:
+            key.append(None)
+        elif type(t) is torch.Tensor and not (grad and t.requires_grad):
+            key.append((t.shape, t.stride(), t.dtype, t.device, t.is_neg()))
+        else:
             return None, None
-    key = (os.environ.get("ROPELIB_BACKEND"), *options, *[
-        None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.is_neg())
-        for t in tensors])
+    key = tuple(key)
     return key, _plans.get(key)
 
 

@@ -368,16 +368,17 @@ def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
     spans meet, ``plans.apart``), one launch, the given destinations' version counters
     bumped as by any in-place write. ``given``: ``_caller_tensors`` (and a cache step's
     slot). Returns the destinations."""
-    cos, sin, coordinates, axes, *slot = given
-    written = outs[1:] if slot else outs if outs[0] is not None else ()
+    cos, sin, coordinates, axes = given[:4]
+    slot = given[4] if len(given) > 4 else None
+    written = outs[1:] if slot is not None else outs if outs[0] is not None else ()
     if written:
-        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or any(
-                map(torch.Tensor.is_inference, written)):
-            if slot:
+        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or (
+                written[0].is_inference() or written[-1].is_inference()):  # one or two
+            if slot is not None:
                 _check_caches_apart(outs[1], outs[2])
             else:
                 kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
-    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, *slot)
+    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, slot)
     if written:
         torch.autograd.graph.increment_version(written)
     return done
