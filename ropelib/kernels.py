@@ -8,12 +8,18 @@ A call of ``apply_rope`` comes down here once, with its rows or positions prepar
   float16), q and k in one launch; Triton is imported when the first CUDA tensor arrives;
 - ``eager`` (``ropelib.eager``): PyTorch operations, everywhere else.
 
-Every backend has the same two functions: ``declines(xs, outs, cos, sin, rotary_dim,
-positions)`` returns None when it takes the call, else why not, and ``run(xs, outs, cos, sin,
-layout, rotary_dim, inverse, positions, axes)`` rotates (each prepares its own tables). The
-first backend of the device's order that takes the call runs it. The Triton backend's
-``examine`` gives its verdict as a ``Plan`` (``.reason``) that its ``run`` takes on
-(``plan=``): a call's tensors are keyed and looked up once, for the verdict and the launch.
+Every backend module has the same interface, and this module treats them alike:
+``declines(xs, outs, cos, sin, rotary_dim, positions)`` returns None when it takes the call,
+else why not; ``assess`` (same arguments) returns that reason with what the backend worked
+out for its ``run`` (the Triton backend's ``Plan``, looked up once per call's tensors; None
+for the others); ``run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+pending=, plan=)`` rotates (each prepares its own tables). What a backend can do it declares:
+``CHECKS_PENDING`` (its launch checks coordinates still ``Pending``, else ``settle`` does
+first), ``CHECKS_COORDINATES`` (it checks settled coordinates' range as it reads them on the
+CPU, else ``check_coordinates`` does first), ``run_cache`` (a decode step's rotation and
+cache write in one launch, or None) and ``prepare`` (a launch ``ropelib.plans`` can keep, or
+None). The first backend of the device's order that takes the call runs it.
+
 The environment variable ``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per
 call) forces one, for tests and benchmarks; ``triton`` with CPU tensors runs the kernel in
 Triton's interpreter. A forced backend that declines is an error that says why.
@@ -44,7 +50,6 @@ from typing import NamedTuple
 
 import torch
 
-from . import eager, native
 from ._checks import (
     FLOAT_DTYPES,
     check_coordinates,
@@ -243,7 +248,7 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
                                        rotary_dim, positions)
-        if backend.NAME == "triton":
+        if backend.run_cache is not None:
             q_rot = backend.run_cache(q, k, v, key_cache, value_cache, slot, cos, sin, layout,
                                       rotary_dim, positions, None, pending, plan)
             torch.autograd.graph.increment_version((key_cache, value_cache))
@@ -433,15 +438,13 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
         if outs[0] is not None:
             check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
-    if pending is not None and backend.NAME != "triton":
+    if pending is not None and not backend.CHECKS_PENDING:
         positions, pending = settle(xs[0], cos, positions, axes, pending), None
     if (pending is None and positions is not None and xs[0].device.type == "cpu"
-            and backend is not native):
-        check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
-    if backend.NAME == "triton":
-        return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                           pending=pending, plan=plan)
-    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
+            and not backend.CHECKS_COORDINATES):
+        check_coordinates(positions, axes, cos.shape[0])
+    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       pending=pending, plan=plan)
 
 
 class Pending(NamedTuple):
@@ -505,39 +508,30 @@ def choose_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
         backend, reason = _backend(forced)
         plan = None
         if backend is not None:
-            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
+            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
         return backend, plan
     for name in ORDER.get(xs[0].device.type, ()):
         backend, reason = _backend(name)
         if backend is not None:
-            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
+            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
             if not reason:
                 return backend, plan
-    return eager, None
+    return _backend("eager")[0], None
 
 
-def _verdict(backend: ModuleType, xs: Sequence[torch.Tensor],
-             outs: Sequence[torch.Tensor | None], cos: torch.Tensor, sin: torch.Tensor,
-             rotary_dim: int, positions: torch.Tensor | None) -> tuple[str | None, object]:
-    """(why ``backend`` declines the call, None when it takes it; its plan for ``run``)."""
-    if backend.NAME == "triton":
-        plan = backend.examine(xs, outs, cos, sin, rotary_dim, positions)
-        return plan.reason, plan
-    return backend.declines(xs, outs, cos, sin, rotary_dim, positions), None
+_MODULES = {"native": ".native", "triton": ".triton_rope", "eager": ".eager"}
 
 
 @functools.cache
 def _backend(name: str) -> tuple[ModuleType | None, str | None]:
-    """(the backend's module, None), or (None, why it cannot be loaded): Triton is imported
-    only here, when the first call asks for it."""
-    if name == "triton":
-        try:
-            return importlib.import_module(".triton_rope", __package__), None
-        except ImportError as error:
-            return None, f"Triton cannot be imported ({error}); it ships with PyTorch's CUDA builds"
-    return {"native": native, "eager": eager}[name], None
+    """(the module of the backend ``name``, None), or (None, why it cannot be loaded): each
+    is imported here, when the first call asks for it (Triton with the first CUDA tensor)."""
+    try:
+        return importlib.import_module(_MODULES[name], __package__), None
+    except ImportError as error:
+        return None, f"ropelib{_MODULES[name]} cannot be imported ({error})"
 
 
 class BackendStatus(NamedTuple):

@@ -97,7 +97,7 @@ def make(key: tuple, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | N
     operands = (cos, sin, coordinates, axes) + (() if slot is None else (slot,))
     own = all(a is None if b is None else (a is not None and a.data_ptr() == b.data_ptr())
               for a, b in zip(operands, given, strict=True))
-    if backend.NAME == "triton" and own:
+    if backend.prepare is not None and own:
         same = in_place(xs, outs)
         plan = Plan(backend, backend.prepare(examined, xs, outs, layout, rotary_dim, False,
                                              axes, pending, slot is not None, same),

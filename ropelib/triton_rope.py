@@ -24,10 +24,12 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
   leading dims become a batch dim, along which the rows vary, and a heads dim, along which
   they are shared; dims that cannot be merged into those two leave the call to eager PyTorch.
 
-``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
-interface every backend of ``ropelib.kernels`` has. ``examine`` gives the verdict as a
-``Plan`` that ``run`` takes on: one lookup per call, by the tensors' shapes, strides and
-dtypes, for the verdict and the prepared launch. ``run``'s launch has two halves,
+``declines`` says whether the kernel takes a call (and why not), ``assess`` says it with
+the ``Plan`` that ``run`` takes on, ``run`` runs it: the interface every backend of
+``ropelib.kernels`` has, with what this one can do that the others cannot (``CHECKS_PENDING``,
+``run_cache``, ``prepare``). ``examine`` gives the verdict as that ``Plan``: one lookup
+per call, by the tensors' shapes, strides and dtypes, for the verdict and the prepared
+launch. ``run``'s launch has two halves,
 ``prepare`` (its numbers) and ``launch`` (made with the tensors' addresses), which
 ``ropelib.plans`` calls apart. CUDA tensors run the compiled kernel; CPU tensors run it in
 Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests check every
@@ -50,6 +52,8 @@ from triton.runtime.interpreter import InterpretedFunction
 from ._checks import new_output
 
 NAME = "triton"
+CHECKS_PENDING = True  # the launch checks coordinates still pending (``kernels.Pending``)
+CHECKS_COORDINATES = False  # settled ones are checked before ``run`` (on the CPU)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_ELEMENTS = 2048  # elements of x in one (BLOCK_S, head_dim) tile
 HEADS_PER_PROGRAM = 4
@@ -291,6 +295,15 @@ def examine(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos
     return _plan_for(tuple(_meta(t) for t in xs),
                      tuple(None if o is None else _meta(o) for o in outs), _meta(cos),
                      _meta(sin), None if positions is None else _meta(positions))
+
+
+def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
+           ) -> tuple[str | None, Plan]:
+    """(``declines``, the ``Plan`` that ``run``, ``run_cache`` and ``prepare`` take on):
+    what ``ropelib.kernels`` asks every backend."""
+    plan = examine(xs, outs, cos, sin, rotary_dim, positions)
+    return plan.reason, plan
 
 
 def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
