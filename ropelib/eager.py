@@ -21,7 +21,7 @@ compiler, other devices), arranged to move few bytes:
   first member of every pair is saved (half of x), then ``a = a cos - b sin`` and
   ``b = b cos + a_saved sin``.
 
-``declines`` (never: this backend takes every call) and ``run`` are the interface of every
+``decline_reason`` (never: this backend takes every call) and ``run`` are the interface of every
 backend of ``ropelib.kernels``. ``gather_rows``, ``pairs`` and ``rotate_composite`` (the
 rotation in differentiable operations, for ``torch.func``) are shared with the callers above.
 """
@@ -35,7 +35,7 @@ import torch
 from ._checks import new_output
 
 NAME = "eager"
-CHECKS_PENDING = False  # coordinates arrive settled (``kernels.settle``)
+CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
 CHECKS_COORDINATES = False  # their range is checked before ``run`` (``check_coordinates``)
 prepare = None  # no launch to prepare: ``ropelib.plans`` sends such calls the full path
 run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
@@ -43,7 +43,7 @@ _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
     """None: eager PyTorch takes every call."""
     return None
@@ -52,8 +52,8 @@ def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], co
 def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
            sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
            ) -> tuple[str | None, None]:
-    """(``declines``, no plan): what ``ropelib.kernels`` asks every backend."""
-    return declines(xs, outs, cos, sin, rotary_dim, positions), None
+    """(``decline_reason``, no plan): what ``ropelib.kernels`` asks every backend."""
+    return decline_reason(xs, outs, cos, sin, rotary_dim, positions), None
 
 
 def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,

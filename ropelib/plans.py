@@ -80,7 +80,7 @@ def signature(tensors: Sequence[torch.Tensor | None], options: Sequence[object]
 def make(key: tuple, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
          cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
          coordinates: torch.Tensor | None, axes: torch.Tensor | None,
-         pending: kernels.Pending | None, given: Sequence[torch.Tensor | None],
+         pending: kernels.UncheckedRange | None, given: Sequence[torch.Tensor | None],
          slot: torch.Tensor | None = None) -> Plan | None:
     """The plan of a checked call, kept under ``key``: the backend ``kernels`` chooses for
     its operands (x's ``(..., heads, seq, head_dim)``, the destinations given or None, the
