@@ -498,7 +498,7 @@ def mrope_tiles_at(positions, axes, cos, sin, b: int, hq: int, hk: int, s: int) 
     for config in [default, *sorted(grid - {default})]:
         def run(config=config):
             triton_rope.run([q, k], [q_buf, k_buf], cos, sin, "half", d, False, coordinates,
-                            axes, config, pending=kernels.PENDING[False, False])
+                            axes, config, pending=kernels.UNCHECKED_RANGES[False, False])
         run()
         results.append((median_ms(run) / copy_ms, config))
     if DRY_RUN:

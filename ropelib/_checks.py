@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch.autograd.forward_ad import unpack_dual
+from torch.compiler import is_compiling
+from torch.jit import is_tracing
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 LAYOUTS = ("interleaved", "half")
@@ -28,7 +30,7 @@ def tracing() -> bool:
     ``torch.jit.trace``): sizes may then be symbolic and tensor values unknown, so nothing
     may branch on them. Checks that only guard against misuse are skipped or become
     runtime assertions there; the computation is never skipped."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+    return is_compiling() or is_tracing()
 
 
 _PROBE = torch.empty(0)  # watcher's question to forward AD
@@ -52,7 +54,7 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
       differentiates.
 
     Asked only through PyTorch's public API."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode():
+    if is_compiling() or is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
     # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
     # one call tells whether any tensor can carry a tangent. Were it to return a view always,
@@ -272,7 +274,7 @@ def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
     """``positions``, checked to be >= 0 by the recorded graph when one is being recorded: an
     assertion under ``torch.compile`` / ``torch.export``, the operator ``ropelib::nonnegative``
     in its data flow under ``torch.jit.trace`` (which would drop the assertion)."""
-    if torch.jit.is_tracing():
+    if is_tracing():
         return torch.ops.ropelib.nonnegative(positions)
     torch._assert_async((positions >= 0).all(), "positions must be >= 0")
     return positions

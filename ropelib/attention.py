@@ -900,7 +900,7 @@ class StandardAttentionWithRoPE(nn.Module):
         if is_causal and attn_mask is None and q_len == k_len and not return_attn:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                                  enable_gqa=gqa)
-            return self._merge(out)
+            return self._merge_heads(out)
         mask, empty = (attn_mask, None) if every_row_sees else prepare_mask(
             attn_mask, (batch, self.num_heads, q_len, k_len), is_causal, q.dtype, q.device)
         if return_attn:
@@ -910,7 +910,7 @@ class StandardAttentionWithRoPE(nn.Module):
                                                  enable_gqa=gqa)
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
-        out = self._merge(out)
+        out = self._merge_heads(out)
         return (out, weights) if return_attn else out
 
     def _diagonal(self, start: torch.Tensor, seq: int) -> torch.Tensor:
@@ -970,6 +970,6 @@ class StandardAttentionWithRoPE(nn.Module):
             weights = weights.masked_fill(empty, 0.0)
         return F.dropout(weights, p=p, training=p > 0) @ v, weights
 
-    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+    def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
         batch, _, seq, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))

@@ -21,7 +21,7 @@ compiler, other devices), arranged to move few bytes:
   first member of every pair is saved (half of x), then ``a = a cos - b sin`` and
   ``b = b cos + a_saved sin``.
 
-``declines`` (never: this backend takes every call) and ``run`` are the interface of every
+``decline_reason`` (never: this backend takes every call) and ``run`` are the interface of every
 backend of ``ropelib.kernels``. ``gather_rows``, ``pairs`` and ``rotate_composite`` (the
 rotation in differentiable operations, for ``torch.func``) are shared with the callers above.
 """
@@ -35,22 +35,36 @@ import torch
 from ._checks import new_output
 
 NAME = "eager"
+CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
+CHECKS_COORDINATES = False  # their range is checked before ``run`` (``check_coordinates``)
+prepare = None  # no launch to prepare: ``ropelib.plans`` sends such calls the full path
+run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 _COMPLEX_DTYPES = (torch.float32, torch.float64)
 _UPCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
     """None: eager PyTorch takes every call."""
     return None
 
 
+def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
+           ) -> tuple[str | None, None]:
+    """(``decline_reason``, no plan): what ``ropelib.kernels`` asks every backend."""
+    return decline_reason(xs, outs, cos, sin, rotary_dim, positions), None
+
+
 def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-           sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
-           positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
+        sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
+        positions: torch.Tensor | None, axes: torch.Tensor | None, *, pending: None = None,
+        plan: None = None) -> list[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x in ``xs``, into ``outs`` (None: a
-    new tensor, ``new_output``); arguments as for ``ropelib.triton_rope.run``. Tables (or rows)
-    wider than ``rotary_dim // 2`` are read in their first ``rotary_dim // 2`` columns."""
+    new tensor, ``new_output``); arguments as for ``ropelib.triton_rope.run`` (``pending``
+    and ``plan`` are None here: ``CHECKS_PENDING`` is False, ``assess`` makes no plan).
+    Tables (or rows) wider than ``rotary_dim // 2`` are read in their first
+    ``rotary_dim // 2`` columns."""
     cos, sin = cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2]
     if positions is not None:
         cos, sin = gather_rows(cos, sin, positions, axes)

@@ -8,12 +8,18 @@ A call of ``apply_rope`` comes down here once, with its rows or positions prepar
   float16), q and k in one launch; Triton is imported when the first CUDA tensor arrives;
 - ``eager`` (``ropelib.eager``): PyTorch operations, everywhere else.
 
-Every backend has the same two functions: ``declines(xs, outs, cos, sin, rotary_dim,
-positions)`` returns None when it takes the call, else why not, and ``run(xs, outs, cos, sin,
-layout, rotary_dim, inverse, positions, axes)`` rotates (each prepares its own tables). The
-first backend of the device's order that takes the call runs it. The Triton backend's
-``examine`` gives its verdict as a ``Plan`` (``.reason``) that its ``run`` takes on
-(``plan=``): a call's tensors are keyed and looked up once, for the verdict and the launch.
+Every backend module has the same interface, and this module treats them alike:
+``decline_reason(xs, outs, cos, sin, rotary_dim, positions)`` returns None when it takes the call,
+else why not; ``assess`` (same arguments) returns that reason with what the backend worked
+out for its ``run`` (the Triton backend's ``Plan``, looked up once per call's tensors; None
+for the others); ``run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+pending=, plan=)`` rotates (each prepares its own tables). What a backend can do it declares:
+``CHECKS_PENDING`` (its launch checks an ``UncheckedRange`` of coordinates, else ``resolve_pending`` does
+first), ``CHECKS_COORDINATES`` (it checks settled coordinates' range as it reads them on the
+CPU, else ``check_coordinates`` does first), ``run_cache`` (a decode step's rotation and
+cache write in one launch, or None) and ``prepare`` (a launch ``ropelib.plans`` can keep, or
+None). The first backend of the device's order that takes the call runs it.
+
 The environment variable ``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per
 call) forces one, for tests and benchmarks; ``triton`` with CPU tensors runs the kernel in
 Triton's interpreter. A forced backend that declines is an error that says why.
@@ -44,7 +50,6 @@ from typing import NamedTuple
 
 import torch
 
-from . import eager, native
 from ._checks import (
     FLOAT_DTYPES,
     check_coordinates,
@@ -112,27 +117,27 @@ def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
            rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
-           axes: torch.Tensor | None = None, pending: Pending | None = None) -> torch.Tensor:
+           axes: torch.Tensor | None = None, pending: UncheckedRange | None = None) -> torch.Tensor:
     """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new tensor
-    (arguments as there; ``pending``: see ``Pending``)."""
+    (arguments as there; ``pending``: see ``UncheckedRange``)."""
     if plain_call(x, cos, sin, positions, axes):
         return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
                             pending)
     return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
-                                            settle(x, cos, positions, axes, pending), axes)
+                                            resolve_pending(x, cos, positions, axes, pending), axes)
 
 
 def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
-               axes: torch.Tensor | None = None, pending: Pending | None = None) -> None:
+               axes: torch.Tensor | None = None, pending: UncheckedRange | None = None) -> None:
     """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
-    bumped like any in-place write's (arguments as there; ``pending``: see ``Pending``)."""
+    bumped like any in-place write's (arguments as there; ``pending``: see ``UncheckedRange``)."""
     if plain_call(x, cos, sin, out, positions, axes):
         _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes, pending)
         torch.autograd.graph.increment_version(out)
     else:
         torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out,
-                                             settle(x, cos, positions, axes, pending), axes)
+                                             resolve_pending(x, cos, positions, axes, pending), axes)
 
 
 @torch.library.custom_op("ropelib::rotate_qk", mutates_args=())
@@ -185,36 +190,36 @@ def _rotate_qk_out_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               layout: str, rotary_dim: int, inverse: bool = False,
               positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-              pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``Pending``)."""
+              pending: UncheckedRange | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``UncheckedRange``)."""
     if plain_call(q, k, cos, sin, positions, axes):
         q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                    positions, axes, pending)
         return q_out, k_out
     return torch.ops.ropelib.rotate_qk.default(q, k, cos, sin, layout, rotary_dim, inverse,
-                                               settle(q, cos, positions, axes, pending), axes)
+                                               resolve_pending(q, cos, positions, axes, pending), axes)
 
 
 def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
                   positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-                  pending: Pending | None = None) -> None:
+                  pending: UncheckedRange | None = None) -> None:
     """``ropelib::rotate_qk_out``: both destinations' version counters are bumped
-    (``pending``: see ``Pending``)."""
+    (``pending``: see ``UncheckedRange``)."""
     if plain_call(q, k, cos, sin, q_out, k_out, positions, axes):
         _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes,
                         pending)
         torch.autograd.graph.increment_version((q_out, k_out))
     else:
         torch.ops.ropelib.rotate_qk_out.default(q, k, cos, sin, layout, rotary_dim, q_out,
-                                                k_out, settle(q, cos, positions, axes, pending),
+                                                k_out, resolve_pending(q, cos, positions, axes, pending),
                                                 axes)
 
 
 def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
                     positions: torch.Tensor | None, axes: torch.Tensor | None,
-                    pending: Pending | None = None) -> None:
+                    pending: UncheckedRange | None = None) -> None:
     """``run_backend`` of q and k into their destinations, after ``check_out_memory``
     (neither destination may overwrite what the other rotation still reads or writes)."""
     check_out_memory((q, k), (q_out, k_out), cos, sin, (("q_out", "q"), ("k_out", "k")))
@@ -225,7 +230,7 @@ def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
 def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor, layout: str, rotary_dim: int, key_cache: torch.Tensor,
                     value_cache: torch.Tensor, slot: torch.Tensor,
-                    positions: torch.Tensor | None = None, pending: Pending | None = None
+                    positions: torch.Tensor | None = None, pending: UncheckedRange | None = None
                     ) -> torch.Tensor:
     """A decode step's rotation and cache write: q rotated into a new tensor, k rotated into
     ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into ``value_cache`` there.
@@ -243,12 +248,12 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
                                        rotary_dim, positions)
-        if backend.NAME == "triton":
+        if backend.run_cache is not None:
             q_rot = backend.run_cache(q, k, v, key_cache, value_cache, slot, cos, sin, layout,
                                       rotary_dim, positions, None, pending, plan)
             torch.autograd.graph.increment_version((key_cache, value_cache))
             return q_rot
-    positions = settle(q, cos, positions, None, pending)
+    positions = resolve_pending(q, cos, positions, None, pending)
     if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
         start = int(slot)
         q_rot = new_output(q)
@@ -281,7 +286,7 @@ def plain_call(*tensors: torch.Tensor | None) -> bool:
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None, pending: Pending | None = None) -> None:
+                 axes: torch.Tensor | None, pending: UncheckedRange | None = None) -> None:
     """``rotate_plain`` into ``out`` after ``check_out_memory``."""
     check_out_memory((x,), (out,), cos, sin)
     rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, pending)
@@ -404,7 +409,7 @@ def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) ->
 def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                  rotary_dim: int, out: torch.Tensor | None, inverse: bool,
                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-                 pending: Pending | None = None, check: bool = False) -> torch.Tensor:
+                 pending: UncheckedRange | None = None, check: bool = False) -> torch.Tensor:
     """The operators' implementation for one tensor: ``run_backend`` of ``[x]``."""
     return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes,
                        pending, check)[0]
@@ -416,14 +421,14 @@ OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
 def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
                 cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
                 inverse: bool, positions: torch.Tensor | None = None,
-                axes: torch.Tensor | None = None, pending: Pending | None = None,
+                axes: torch.Tensor | None = None, pending: UncheckedRange | None = None,
                 check: bool = False) -> Sequence[torch.Tensor]:
     """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
     and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
     directly for plain tensors in eager mode (``plain_call``), by the operators'
     implementations and by the autograd formulas; arguments as for ``ropelib::rotate``.
     Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
-    one launch); for another backend ``settle`` checks them first.
+    one launch); for another backend ``resolve_pending`` checks them first.
 
     ``check`` (the operators' implementations): the operands are checked first
     (``check_rotation_operands`` of each x, ``check_out_memory`` of the destinations)."""
@@ -433,37 +438,35 @@ def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
         if outs[0] is not None:
             check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
-    if pending is not None and backend.NAME != "triton":
-        positions, pending = settle(xs[0], cos, positions, axes, pending), None
+    if pending is not None and not backend.CHECKS_PENDING:
+        positions, pending = resolve_pending(xs[0], cos, positions, axes, pending), None
     if (pending is None and positions is not None and xs[0].device.type == "cpu"
-            and backend is not native):
-        check_coordinates(positions, axes, cos.shape[0])  # the C loop checks as it reads
-    if backend.NAME == "triton":
-        return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                           pending=pending, plan=plan)
-    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes)
+            and not backend.CHECKS_COORDINATES):
+        check_coordinates(positions, axes, cos.shape[0])
+    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       pending=pending, plan=plan)
 
 
-class Pending(NamedTuple):
+class UncheckedRange(NamedTuple):
     """Coordinates handed on by a call that reads no value on the host (a GPU call in eager
     mode): their range is still to be checked (against the tables' rows, and axes against
     the coordinates per token), and ``clamp``: clamped to the last row first
     (``short_table="repeat_last"``). ``step``: the coordinates are a 0-d offset (shaped as
     ones, x's number of dims) and row s of x sits at offset + s. The Triton kernel does all
     of it in its one launch (a device-side assertion that names what is out of range);
-    ``settle`` does it with PyTorch operations for any other route."""
+    ``resolve_pending`` does it with PyTorch operations for any other route."""
 
     clamp: bool
     step: bool
 
 
-PENDING = {(clamp, step): Pending(clamp, step) for clamp in (False, True)
+UNCHECKED_RANGES = {(clamp, step): UncheckedRange(clamp, step) for clamp in (False, True)
            for step in (False, True)}  # the four, made once (a call builds none)
 
 
-def settle(x: torch.Tensor, cos: torch.Tensor, positions: torch.Tensor | None,
-           axes: torch.Tensor | None, pending: Pending | None) -> torch.Tensor | None:
-    """``Pending`` coordinates made plain with PyTorch operations on their device (no value
+def resolve_pending(x: torch.Tensor, cos: torch.Tensor, positions: torch.Tensor | None,
+           axes: torch.Tensor | None, pending: UncheckedRange | None) -> torch.Tensor | None:
+    """``UncheckedRange`` coordinates made plain with PyTorch operations on their device (no value
     read back): the rows of a 0-d offset spelled out, their range asserted on the device,
     clamped for ``clamp``; coordinates with nothing pending are returned as they are."""
     if pending is None:
@@ -505,39 +508,30 @@ def choose_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
         backend, reason = _backend(forced)
         plan = None
         if backend is not None:
-            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
+            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
         if reason:
             raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
         return backend, plan
     for name in ORDER.get(xs[0].device.type, ()):
         backend, reason = _backend(name)
         if backend is not None:
-            reason, plan = _verdict(backend, xs, outs, cos, sin, rotary_dim, positions)
+            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
             if not reason:
                 return backend, plan
-    return eager, None
+    return _backend("eager")[0], None
 
 
-def _verdict(backend: ModuleType, xs: Sequence[torch.Tensor],
-             outs: Sequence[torch.Tensor | None], cos: torch.Tensor, sin: torch.Tensor,
-             rotary_dim: int, positions: torch.Tensor | None) -> tuple[str | None, object]:
-    """(why ``backend`` declines the call, None when it takes it; its plan for ``run``)."""
-    if backend.NAME == "triton":
-        plan = backend.examine(xs, outs, cos, sin, rotary_dim, positions)
-        return plan.reason, plan
-    return backend.declines(xs, outs, cos, sin, rotary_dim, positions), None
+_MODULES = {"native": ".native", "triton": ".triton_rope", "eager": ".eager"}
 
 
 @functools.cache
 def _backend(name: str) -> tuple[ModuleType | None, str | None]:
-    """(the backend's module, None), or (None, why it cannot be loaded): Triton is imported
-    only here, when the first call asks for it."""
-    if name == "triton":
-        try:
-            return importlib.import_module(".triton_rope", __package__), None
-        except ImportError as error:
-            return None, f"Triton cannot be imported ({error}); it ships with PyTorch's CUDA builds"
-    return {"native": native, "eager": eager}[name], None
+    """(the module of the backend ``name``, None), or (None, why it cannot be loaded): each
+    is imported here, when the first call asks for it (Triton with the first CUDA tensor)."""
+    try:
+        return importlib.import_module(_MODULES[name], __package__), None
+    except ImportError as error:
+        return None, f"ropelib{_MODULES[name]} cannot be imported ({error})"
 
 
 class BackendStatus(NamedTuple):
@@ -582,7 +576,7 @@ def backend_status(device: str | torch.device = "cpu",
     declined = []
     for name in names:
         backend, reason = _backend(name)
-        reason = reason or backend.declines(*probe)
+        reason = reason or backend.decline_reason(*probe)
         if not reason:
             return BackendStatus(name, f"the first of {', '.join(names)} that takes the call"
                                  + "".join(f"; {d}" for d in declined))
@@ -591,7 +585,7 @@ def backend_status(device: str | torch.device = "cpu",
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
-    """``declines``' arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on ``device``
+    """``decline_reason``' arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on ``device``
     with float32 rows: what a backend is asked about a usual call."""
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False"
@@ -606,11 +600,11 @@ def _refusal(forced: str, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tenso
              cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
              positions: torch.Tensor | None = None) -> str | None:
     """Why the backend ``forced`` (the value of ``ROPELIB_BACKEND``, read once by the
-    caller) cannot take this call (None: it takes it); ``declines``' arguments."""
+    caller) cannot take this call (None: it takes it); ``decline_reason``' arguments."""
     if forced not in BACKENDS:
         return f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
     backend, reason = _backend(forced)
-    return reason or backend.declines(xs, outs, cos, sin, rotary_dim, positions)
+    return reason or backend.decline_reason(xs, outs, cos, sin, rotary_dim, positions)
 
 
 def check_forced_under_transform(x: torch.Tensor) -> None:

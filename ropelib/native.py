@@ -13,7 +13,7 @@ of 4 MiB or more get transparent huge pages (Linux), which makes their first tou
 the cost of any new tensor here, several times cheaper.
 
 This module is one of the backends at the bottom of ``apply_rope``'s path: ``ropelib.kernels``
-asks its ``declines`` whether it takes a CPU call and then calls its ``run``. ``axis_rows``
+asks its ``decline_reason`` whether it takes a CPU call and then calls its ``run``. ``axis_rows``
 is the CPU implementation of ``ropelib::axis_rows`` (``ropelib.multiaxis``): M-RoPE's
 per-token rows read from the 1D tables. Nothing here keeps a tensor or a pointer between
 calls. Without a compiler and for other dtypes, ``ropelib.kernels`` picks the eager backend
@@ -46,6 +46,10 @@ import torch
 from ._checks import check_coordinates, check_count
 
 NAME = "native"
+CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
+CHECKS_COORDINATES = True  # the C loop checks each coordinate's range as it reads it
+prepare = None  # no launch to prepare: ``ropelib.plans`` sends such calls the full path
+run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 SOURCE = Path(__file__).with_name("native_rope.c")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 TABLE_DTYPES = (torch.float32, torch.float64)
@@ -236,7 +240,7 @@ def _declines_tensor(x: torch.Tensor, out: torch.Tensor | None) -> str | None:
     return None
 
 
-def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
     """None when the compiled loop takes the call (``run``), else why not (a sentence)."""
     for x, out in zip(xs, outs, strict=True):
@@ -251,10 +255,20 @@ def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], co
     return None
 
 
+def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
+           ) -> tuple[str | None, None]:
+    """(``decline_reason``, no plan): what ``ropelib.kernels`` asks every backend."""
+    return decline_reason(xs, outs, cos, sin, rotary_dim, positions), None
+
+
 def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
         sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
-        positions: torch.Tensor | None, axes: torch.Tensor | None) -> list[torch.Tensor]:
-    """``rotate`` for every x in ``xs`` (arguments as for ``ropelib.triton_rope.run``), with
+        positions: torch.Tensor | None, axes: torch.Tensor | None, *, pending: None = None,
+        plan: None = None) -> list[torch.Tensor]:
+    """``rotate`` for every x in ``xs`` (arguments as for ``ropelib.triton_rope.run``;
+    ``pending`` and ``plan`` are None here: ``CHECKS_PENDING`` is False, ``assess`` makes
+    no plan), with
     the tables made contiguous in the loop's precision (float64 for float64 x, else float32)
     once for all of them (q and k have one dtype). With ``positions`` the loop steps through
     the tables' rows by ``rotary_dim // 2``: wider tables are cut to that first."""

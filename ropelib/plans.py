@@ -65,19 +65,22 @@ def signature(tensors: Sequence[torch.Tensor | None], options: Sequence[object]
         if type(option) not in _OPTION_TYPES:
             return None, None
     grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+    key = [os.environ.get("ROPELIB_BACKEND"), *options]
+    for t in tensors:  # one pass: each tensor checked and keyed
+        if t is None:
+            key.append(None)
+        elif type(t) is torch.Tensor and not (grad and t.requires_grad):
+            key.append((t.shape, t.stride(), t.dtype, t.device, t.is_neg()))
+        else:
             return None, None
-    key = (os.environ.get("ROPELIB_BACKEND"), *options, *[
-        None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.is_neg())
-        for t in tensors])
+    key = tuple(key)
     return key, _plans.get(key)
 
 
 def make(key: tuple, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
          cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
          coordinates: torch.Tensor | None, axes: torch.Tensor | None,
-         pending: kernels.Pending | None, given: Sequence[torch.Tensor | None],
+         pending: kernels.UncheckedRange | None, given: Sequence[torch.Tensor | None],
          slot: torch.Tensor | None = None) -> Plan | None:
     """The plan of a checked call, kept under ``key``: the backend ``kernels`` chooses for
     its operands (x's ``(..., heads, seq, head_dim)``, the destinations given or None, the
@@ -94,7 +97,7 @@ def make(key: tuple, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | N
     operands = (cos, sin, coordinates, axes) + (() if slot is None else (slot,))
     own = all(a is None if b is None else (a is not None and a.data_ptr() == b.data_ptr())
               for a, b in zip(operands, given, strict=True))
-    if backend.NAME == "triton" and own:
+    if backend.prepare is not None and own:
         same = in_place(xs, outs)
         plan = Plan(backend, backend.prepare(examined, xs, outs, layout, rotary_dim, False,
                                              axes, pending, slot is not None, same),

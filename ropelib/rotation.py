@@ -127,12 +127,12 @@ def apply_rope(
         if plan is not None and plan.kernel is not None:
             return _run_plan(plan, (x,), (out,), given)[0]
     if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
-        coordinates, pending = kernels.settle(x, cos, coordinates, axes, pending), None
+        coordinates, pending = kernels.resolve_pending(x, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
     if watched == "transform":
         kernels.check_forced_under_transform(x)
-        coordinates = kernels.settle(x, cos, coordinates, axes, pending)
+        coordinates = kernels.resolve_pending(x, cos, coordinates, axes, pending)
         rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
         return rotated if out is None else out.copy_(rotated)
     if out is None:
@@ -218,12 +218,12 @@ def apply_rope_qk(
             q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
             return q_rot, k_rot
     if type(q) is not torch.Tensor:
-        coordinates, pending = kernels.settle(q, cos, coordinates, axes, pending), None
+        coordinates, pending = kernels.resolve_pending(q, cos, coordinates, axes, pending), None
         cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
                                                                        axes)
     if watched == "transform":
         kernels.check_forced_under_transform(q)
-        coordinates = kernels.settle(q, cos, coordinates, axes, pending)
+        coordinates = kernels.resolve_pending(q, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in (q, k)]
         if out is None:
@@ -368,16 +368,17 @@ def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
     spans meet, ``plans.apart``), one launch, the given destinations' version counters
     bumped as by any in-place write. ``given``: ``_caller_tensors`` (and a cache step's
     slot). Returns the destinations."""
-    cos, sin, coordinates, axes, *slot = given
-    written = outs[1:] if slot else outs if outs[0] is not None else ()
+    cos, sin, coordinates, axes = given[:4]
+    slot = given[4] if len(given) > 4 else None
+    written = outs[1:] if slot is not None else outs if outs[0] is not None else ()
     if written:
-        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or any(
-                map(torch.Tensor.is_inference, written)):
-            if slot:
+        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or (
+                written[0].is_inference() or written[-1].is_inference()):  # one or two
+            if slot is not None:
                 _check_caches_apart(outs[1], outs[2])
             else:
                 kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
-    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, *slot)
+    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, slot)
     if written:
         torch.autograd.graph.increment_version(written)
     return done
@@ -394,7 +395,7 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           positions: torch.Tensor | None, offset: int, rd: int, short_table: str,
           axes: object, watched: str | None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
-                     kernels.Pending | None]:
+                     kernels.UncheckedRange | None]:
     """(cos, sin, coordinates, axes, pending) for the operator: the rows of x's positions (a
     view or a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates,
     which the kernel reads the rows through. On a device in eager mode, positions and a 0-d
@@ -438,12 +439,12 @@ def _on_device(x: torch.Tensor) -> bool:
 
 
 def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
-             ) -> kernels.Pending | None:
-    """What deferred coordinates leave to the rotation (``kernels.Pending``); None when
+             ) -> kernels.UncheckedRange | None:
+    """What deferred coordinates leave to the rotation (``kernels.UncheckedRange``); None when
     they were checked here."""
     if not deferred:
         return None
-    return kernels.PENDING[short_table == "repeat_last" and cos.shape[0] > 0, step]
+    return kernels.UNCHECKED_RANGES[short_table == "repeat_last" and cos.shape[0] > 0, step]
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -597,7 +598,7 @@ def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, r
     device: positions shaped ``(1 or batch, 1, ..., seq, k)`` to broadcast against x's rows
     (clamped to the table for ``short_table="repeat_last"``), axes ``(rd // 2,)``.
     ``deferred``: the values of positions and axes are neither checked nor clamped here
-    (``kernels.Pending``: the rotation does it), only their shapes."""
+    (``kernels.UncheckedRange``: the rotation does it), only their shapes."""
     axes = check_int_tensor("axes", axes)
     if axes.shape != (rd // 2,):
         raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
@@ -818,14 +819,14 @@ class _EagerRotation(torch.autograd.Function):
     forward+backward at small shapes, more than the rotation): a query and a key rotated in
     one launch each way, or, with k None, one tensor (``ropelib::rotate``). Only for eager
     calls (``_eager_training_step``): compiled, exported and traced code sees the operator
-    itself. Its coordinates may still be ``pending`` (``kernels.Pending``): on a GPU, the
+    itself. Its coordinates may still be ``pending`` (``kernels.UncheckedRange``): on a GPU, the
     kernel's launch each way checks them (no operation of their own, as in a call without
     autograd)."""
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 layout: str, rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
-                axes: torch.Tensor | None, pending: kernels.Pending | None
+                axes: torch.Tensor | None, pending: kernels.UncheckedRange | None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if k is None:
             return kernels.run_backend([q], [None], cos, sin, layout, rotary_dim, inverse,

@@ -24,10 +24,12 @@ then walks the heads (of q, then of k, for ``apply_rope_qk``: one launch), rotat
   leading dims become a batch dim, along which the rows vary, and a heads dim, along which
   they are shared; dims that cannot be merged into those two leave the call to eager PyTorch.
 
-``declines`` says whether the kernel takes a call (and why not), ``run`` runs it: the
-interface every backend of ``ropelib.kernels`` has. ``examine`` gives the verdict as a
-``Plan`` that ``run`` takes on: one lookup per call, by the tensors' shapes, strides and
-dtypes, for the verdict and the prepared launch. ``run``'s launch has two halves,
+``decline_reason`` says whether the kernel takes a call (and why not), ``assess`` says it with
+the ``Plan`` that ``run`` takes on, ``run`` runs it: the interface every backend of
+``ropelib.kernels`` has, with what this one can do that the others cannot (``CHECKS_PENDING``,
+``run_cache``, ``prepare``). ``find_plan`` gives the verdict as that ``Plan``: one lookup
+per call, by the tensors' shapes, strides and dtypes, for the verdict and the prepared
+launch. ``run``'s launch has two halves,
 ``prepare`` (its numbers) and ``launch`` (made with the tensors' addresses), which
 ``ropelib.plans`` calls apart. CUDA tensors run the compiled kernel; CPU tensors run it in
 Triton's interpreter (``ROPELIB_BACKEND=triton``), which is how the tests check every
@@ -50,6 +52,8 @@ from triton.runtime.interpreter import InterpretedFunction
 from ._checks import new_output
 
 NAME = "triton"
+CHECKS_PENDING = True  # the launch checks coordinates still pending (``kernels.UncheckedRange``)
+CHECKS_COORDINATES = False  # settled ones are checked before ``run`` (on the CPU)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_ELEMENTS = 2048  # elements of x in one (BLOCK_S, head_dim) tile
 HEADS_PER_PROGRAM = 4
@@ -250,7 +254,7 @@ class _Operand(NamedTuple):
 
 
 class Plan:
-    """What ``examine`` worked out from a call's tensors: their (shape, strides, dtype)
+    """What ``find_plan`` worked out from a call's tensors: their (shape, strides, dtype)
     (``metas``, built once per call), why the kernel declines such a call (``reason``;
     None: it takes it), and the launches of such calls, prepared by ``launch`` as they are
     first asked for. One per (shape, strides, dtype) of the tensors (``_plan_for``): it
@@ -277,9 +281,9 @@ class Plan:
         return launch
 
 
-def examine(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+def find_plan(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
             sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> Plan:
-    """``declines``' verdict in a ``Plan`` (``.reason``), which ``run`` takes on (``plan=``)
+    """``decline_reason``' verdict in a ``Plan`` (``.reason``), which ``run`` takes on (``plan=``)
     so that a call builds its tensors' keys and looks them up once."""
     x = xs[0]
     if not (x.is_cuda or x.is_cpu):
@@ -293,22 +297,31 @@ def examine(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos
                      _meta(sin), None if positions is None else _meta(positions))
 
 
-def declines(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
+           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
+           ) -> tuple[str | None, Plan]:
+    """(``decline_reason``, the ``Plan`` that ``run``, ``run_cache`` and ``prepare`` take on):
+    what ``ropelib.kernels`` asks every backend."""
+    plan = find_plan(xs, outs, cos, sin, rotary_dim, positions)
+    return plan.reason, plan
+
+
+def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
              sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None) -> str | None:
     """None when the kernel takes the call, else why not (a sentence); worked out once per
-    shapes, strides and dtypes (``examine``)."""
-    return examine(xs, outs, cos, sin, rotary_dim, positions).reason
+    shapes, strides and dtypes (``find_plan``)."""
+    return find_plan(xs, outs, cos, sin, rotary_dim, positions).reason
 
 
 @functools.lru_cache(maxsize=512)
 def _plan_for(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None) -> Plan:
     """The ``Plan`` of tensors of these (shape, strides, dtype) (None: a new destination)."""
-    return Plan((xs, outs, cos, sin, positions), _verdict(xs, outs, cos, sin, positions))
+    return Plan((xs, outs, cos, sin, positions), _reason_to_decline(xs, outs, cos, sin, positions))
 
 
-def _verdict(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
+def _reason_to_decline(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
              ) -> str | None:
-    """``declines`` for tensors of these (shape, strides, dtype)."""
+    """``decline_reason`` for tensors of these (shape, strides, dtype)."""
     shape, dtype = xs[0][0], xs[0][2]
     for t_shape, t_strides, t_dtype in (*xs, *(o for o in outs if o is not None)):
         if t_dtype not in DTYPES:
@@ -336,7 +349,7 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         config: Config | None = None, *, pending=None, plan: Plan | None = None
         ) -> list[torch.Tensor]:
     """R_Theta x for every x in ``xs`` (one launch), into ``outs`` (None: a new tensor,
-    ``new_output``; x itself: in place), after ``declines`` returned None.
+    ``new_output``; x itself: in place), after ``decline_reason`` returned None.
 
     Args:
         xs: one or two tensors ``(..., heads, seq, head_dim)`` of one shape but for the heads.
@@ -350,16 +363,16 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
             its rows; pair i reads coordinate ``axes[i]`` (``axes`` None: k is 1).
         axes: ``(rotary_dim // 2,)`` integers in ``[0, k)``, or None.
         config: the launch's tile shape; default ``choose_config``.
-        pending: ``ropelib.kernels.Pending`` of coordinates whose range nobody checked yet
+        pending: ``ropelib.kernels.UncheckedRange`` of coordinates whose range nobody checked yet
             (a GPU call reads no value on the host): the kernel checks them (and clamps
             them to the table for ``pending.clamp``); with ``pending.step`` the coordinates
             are a 0-d offset (any shape of ones) and row s is at offset + s.
-        plan: ``examine`` of these arguments, when the caller asked it (else asked here).
+        plan: ``find_plan`` of these arguments, when the caller asked it (else asked here).
 
     Returns:
         The destinations, in the order of ``xs``.
     """
-    plan = plan or examine(xs, outs, cos, sin, rotary_dim, positions)
+    plan = plan or find_plan(xs, outs, cos, sin, rotary_dim, positions)
     new = [new_output(x) if o is None else o
            for x, o in zip(xs, outs, strict=True)]
     _rotate(plan, xs, new, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
@@ -376,14 +389,14 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
     k rotated straight into ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into
     ``value_cache`` there (q, k and v ``(..., heads, n, head_dim)``, the caches ``(...,
     kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor on the device, read by
-    the kernel). Rows or positions as for ``run`` (shared by q and k); ``declines`` must
+    the kernel). Rows or positions as for ``run`` (shared by q and k); ``decline_reason`` must
     have taken ``[q, k, v]`` with destinations ``[None, key_cache, value_cache]`` (``plan``:
-    its ``examine``, else asked here).
+    its ``find_plan``, else asked here).
 
     Returns:
         The rotated q.
     """
-    plan = plan or examine([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
+    plan = plan or find_plan([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
                            positions)
     q_out = new_output(q)
     _rotate(plan, [q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim,
@@ -393,7 +406,7 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
 
 def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
             pending, slot=None) -> None:
-    """``run`` into the given destinations (``plan``: their tensors' ``examine``, with None
+    """``run`` into the given destinations (``plan``: their tensors' ``find_plan``, with None
     for a new destination); with ``slot``, the last x is copied (not rotated) and the
     destinations of all but the first are written from row ``slot``."""
     in_place = all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True))
@@ -405,7 +418,7 @@ def prepare(plan: Plan, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor 
             layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
             pending, slotted: bool, in_place: bool, config: Config | None = None
             ) -> Launch | None:
-    """The launch of a call that ``plan`` (``examine`` of its tensors) takes, arguments as
+    """The launch of a call that ``plan`` (``find_plan`` of its tensors) takes, arguments as
     for ``run`` (``slotted``: a cache step, ``run_cache``; ``in_place``: every destination
     is its x, so the pass-through channels are not copied): every number the kernel gets
     but its pointers (None: empty tensors, nothing to launch)."""
@@ -529,10 +542,10 @@ def _launch_on(device: int, launch: Launch, tensors: tuple) -> None:
     if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == arguments:
         if len(_launchers) >= MAX_LAUNCHERS:
             _launchers.clear()
-        _launchers[key] = _bound(kernel[grid], launch, device)
+        _launchers[key] = _launcher_for(kernel[grid], launch, device)
 
 
-def _bound(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
+def _launcher_for(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
     """``runner`` (a compiled kernel's launcher for ``launch.grid``) with ``launch``'s
     numbers, on ``device``'s current stream: a function of the pointer arguments alone
     (tensors, or their addresses as ints, which Triton's launcher takes as they are)."""
@@ -590,7 +603,7 @@ def _plan(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | Non
     per_head_rows = (False,) if positions is not None or len(xs) > 1 else (False, True)
     for rows_per_head in per_head_rows:
         for cut in range(lead + 1):
-            plan = _cut(xs, outs, row_strides, sin_strides, cut, rows_per_head)
+            plan = _split_batch_heads(xs, outs, row_strides, sin_strides, cut, rows_per_head)
             if plan is not None:
                 break
         else:
@@ -608,8 +621,8 @@ def _plan(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | Non
                                             positions[1][-1])
 
 
-def _cut(xs: tuple, outs: tuple, row_strides: list[int], sin_strides: list[int], cut: int,
-         rows_per_head: bool) -> tuple | None:
+def _split_batch_heads(xs: tuple, outs: tuple, row_strides: list[int], sin_strides: list[int],
+                       cut: int, rows_per_head: bool) -> tuple | None:
     """``_plan`` with the leading dims ``[:cut]`` as the batch and ``[cut:]`` as the heads:
     (the batch dim (size, then strides of x, out, cos, sin), per x (heads, x's strides, the
     destination's), the rows' strides along the heads), or None where a group does not merge
@@ -620,7 +633,7 @@ def _cut(xs: tuple, outs: tuple, row_strides: list[int], sin_strides: list[int],
     for (x_shape, x_stride), (_, o_stride) in zip(xs, outs, strict=True):
         dims = [(x_shape[d], x_stride[d], o_stride[d], row_strides[d], sin_strides[d])
                 for d in range(len(x_shape) - 2)]
-        outer, inner = _merge(dims[:cut]), _merge(dims[cut:])
+        outer, inner = _merge_dims(dims[:cut]), _merge_dims(dims[cut:])
         if outer is None or inner is None or len(outer) > 1 or len(inner) > 1:
             return None
         b_dim, h_dim = (outer or [one])[0], (inner or [one])[0]
@@ -649,7 +662,7 @@ def _row_stride(t: tuple) -> int:
     return 0 if t[0][-2] == 1 else t[1][-2]
 
 
-def _merge(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+def _merge_dims(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
     """Leading dims (size, then a stride per tensor) merged where every tensor's strides
     allow it, size-1 dims dropped; None when more than two remain."""
     merged: list[tuple[int, ...]] = []

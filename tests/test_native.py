@@ -433,7 +433,7 @@ def test_one_coordinate_per_token_without_axes(layout):
     cos, sin = generate_rope_embeddings(40, 16)
     positions = torch.randint(0, 40, (3, 5))
     coordinates = positions[:, None, :, None]
-    assert native.declines([x], [None], cos, sin, 16, coordinates) is None
+    assert native.decline_reason([x], [None], cos, sin, 16, coordinates) is None
     compiled = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
     previous = native.set_enabled(False)
     try:

@@ -454,7 +454,7 @@ def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
 
     q = torch.randn(2, 4, 3, 8)
     cos, sin = generate_rope_embeddings(3, 8)
-    launch = triton_rope.examine([q], [None], cos, sin, 8, None).launch(
+    launch = triton_rope.find_plan([q], [None], cos, sin, 8, None).launch(
         "half", 8, False, None, False, False, False, False, True, None, False)
     tensors = (q,) * 6 + (cos, sin, cos, cos, cos)
     arguments = len(tensors) + len(launch.scalars) + len(launch.constexprs)
