@@ -129,9 +129,9 @@ def apply_rotary_pos_emb_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Ten
 
     Returns:
         ``(q_embed, k_embed)``, q's and k's shape and dtype. Like transformers, the rotation
-        is computed in float32 and rounded once for bfloat16 and float16 (bit for bit equal
-        on the CPU); unlike it, float64 q and k are rotated in float64 (transformers rounds
-        them to float32), and q and k must have one dtype.
+        is computed in float32 and rounded once for bfloat16 and float16 (float32 results
+        equal transformers' bit for bit on the CPU); unlike it, float64 q and k are rotated
+        in float64 (transformers rounds them to float32), and q and k must have one dtype.
 
     Raises:
         ValueError: q or k not ``(..., seq, heads, head_dim)``, tables of another shape, or
