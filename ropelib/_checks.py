@@ -53,7 +53,9 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
       operations (``eager.rotate_composite``), which the transform batches and
       differentiates.
 
-    Asked only through PyTorch's public API."""
+    Asked without ``torch._C``: public functions, and ``is_in_torch_dispatch_mode`` from
+    ``torch.utils._python_dispatch``, the module of the documented ``TorchDispatchMode``
+    (PyTorch has no public way to ask whether a mode is active)."""
     if is_compiling() or is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
     # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
