@@ -419,17 +419,25 @@ def test_a_bad_position_on_cuda_is_a_device_side_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the prepared launch needs a GPU")
-def test_prepared_launches_equal_the_first_one():
+def test_prepared_launches_equal_the_first_one(monkeypatch):
     """After the first call of a shape (through Triton's JIT), calls go straight to the
     compiled kernel's launcher: the same numbers, call after call, with new tensors."""
     cos, sin = generate_rope_embeddings(64, 16, device="cuda")
     triton_rope._launchers.clear()
+    jit, grids = triton_rope._compiled, []
+
+    class Counting:  # Triton's JIT, each launch through it noted
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return jit[grid]
+
+    monkeypatch.setattr(triton_rope, "_compiled", Counting())
     for _ in range(3):
         q = torch.randn(4, 8, 5, 16, device="cuda")
         positions = torch.randint(0, 64, (4, 5))
         result = apply_rope(q, cos, sin, layout="half", positions=positions.cuda())
         close(result, reference(q, positions[:, None, :], 16, "half"), torch.float32)
-    assert len(triton_rope._launchers) == (1 if triton_rope._RAW_LAUNCH else 0)
+    assert len(grids) == (1 if triton_rope._RAW_LAUNCH else 3)
 
 
 def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
@@ -454,8 +462,8 @@ def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
 
     q = torch.randn(2, 4, 3, 8)
     cos, sin = generate_rope_embeddings(3, 8)
-    launch = triton_rope.find_plan([q], [None], cos, sin, 8, None).launch(
-        "half", 8, False, None, False, False, False, False, True, None, False)
+    launch = triton_rope.prepare(triton_rope.assess([q], [None], cos, sin, 8, None)[1], [q],
+                                 [None], "half", 8, False, None, None, False, False)
     tensors = (q,) * 6 + (cos, sin, cos, cos, cos)
     arguments = len(tensors) + len(launch.scalars) + len(launch.constexprs)
 
