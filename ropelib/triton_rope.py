@@ -46,7 +46,7 @@ ROWS_PER_HEAD, ROWS, POSITIONS, AXES = range(-1, 3)  # the kernel's MODE
 
 def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
           H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s, H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
-          x3_b, x3_h, x3_s, o3_b, o3_h, o3_s, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
+          H3, x3_b, x3_h, x3_s, o3_b, o3_h, o3_s, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
           p_b, p_s, p_k, a_i, AXIS_COUNT, TABLE_LEN, SEQ, CAPACITY,
           HEADS_PER_PROGRAM: tl.constexpr, ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -54,7 +54,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
           MODE: tl.constexpr, STEP: tl.constexpr, CLAMP: tl.constexpr, CHECK: tl.constexpr):
     """Program (t, b, g): tokens [t * BLOCK_S, ...) of batch entry b, heads [g *
     HEADS_PER_PROGRAM, ...) of x1's H1 heads, then x2's H2, then (BLOCK_D > 0: a cache step)
-    x3's H2, copied whole. x_i, o_i: (batch, heads, seq) strides; channel stride 1.
+    x3's H3, copied whole. x_i, o_i: (batch, heads, seq) strides; channel stride 1.
 
     MODE 0: rows given, cos[b, s, i] (strides c_b, c_s, c_i, sin's s_*); -1: and per head
     (c_h, s_h); 1: table row POS[b, s] (+ s with STEP: a 0-d offset); 2: M-RoPE, pair i
@@ -114,18 +114,17 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
         if INVERSE:
             sin = -sin
-    last = H1 + H2  # one past the last head of the kernel's heads
     if BLOCK_D > 0:
-        last = last + H2
         dest = tl.load(SLOT).to(tl.int64) + s64
         in_cache = (dest >= 0) & (dest < CAPACITY)
         tl.device_assert(in_cache | (rows == 0), "ropelib: cache_position + row must be in "
                          "[0, capacity) of the KV cache")
-        d = tl.arange(0, BLOCK_D)
-        channels = d < HEAD_DIM
     if BLOCK_R > 0:
         r = ROTARY + tl.arange(0, BLOCK_R)
         rest = r < HEAD_DIM
+    if BLOCK_D > 0:
+        d = tl.arange(0, BLOCK_D)
+        channels = d < HEAD_DIM
     if not HALF:
         c = tl.arange(0, 2 * BLOCK_P)
         pair_channels = c < ROTARY
@@ -142,7 +141,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
                         tl.where(second, O2 + b * o2_b + h * o2_h, O1 + b * o1_b + h * o1_h))
         x_at = x_at + s64[:, None] * tl.where(third, x3_s, tl.where(second, x2_s, x1_s))
         o_step = tl.where(third, o3_s, tl.where(second, o2_s, o1_s))
-        live = s < tl.where(head < last, SEQ, 0)  # this head's rows (none past the last)
+        live = s < tl.where(head < rotated + H3, SEQ, 0)  # this head's rows (none past the last)
         if BLOCK_D > 0:  # x2 and x3 into the cache's rows, and only inside it
             o_at = o_at + tl.where(second, dest, s64)[:, None] * o_step
             live = tl.where(second, live & in_cache, live)
@@ -398,13 +397,13 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     if not (heads and batch and seq and head_dim):
         return None
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
-    flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2  # x3: x2's heads
+    flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
     if positions is None:
         mode = ROWS_PER_HEAD if tables[1] or tables[5] else ROWS
     else:
         mode = POSITIONS if axes is None else AXES
     rest = head_dim - rotary_dim
-    scalars = (*flat[0], *flat[1], *flat[2][1:], *tables, *coordinates, 0 if axes is None else axes[1],
+    scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates, 0 if axes is None else axes[1],
                positions[0][-1] if positions is not None else 1, cos[0][0], seq,
                outs[-1][0][-2])
     grid = (-(-seq // config.block_s), batch, -(-heads // config.heads_per_program))
