@@ -184,15 +184,14 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
 
 
 def _cuda_options() -> dict:
-    """Compile options of the CUDA kernel (compiled with debug on, so its device-side
-    assertions run): Triton's integer overflow checks off where the installed Triton has
-    them (debug turns them on for every index computation)."""
+    """The CUDA kernel's compile options: Triton's integer overflow checks off (debug, on
+    for the device-side assertions, would turn them on), where this Triton has them."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
     except ImportError:
         return {}
-    return {"sanitize_overflow": False} if "sanitize_overflow" in getattr(
-        CUDAOptions, "__dataclass_fields__", {}) else {}
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
 
 
 _compiled = triton.jit(_rope, debug=True)
@@ -200,9 +199,10 @@ _interpreted = InterpretedFunction(_rope)
 _CUDA_OPTIONS = _cuda_options()
 # Triton 3.4 and later launch a compiled kernel with every argument, constexprs included
 _RAW_LAUNCH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 4)
-# The one cache, emptied when full: a ``Verdict`` by its tensors' ``_meta``s, a ``Launch``
-# by (verdict, options) and, on a GPU, the compiled kernel's launcher by (launch, device,
-# dtypes, alignment). Host cost per call, launch stubbed: ~57 us with it, ~110 without.
+# The one cache (emptied when full): a Verdict by its tensors' _metas, a Launch by (verdict,
+# options), on a GPU the compiled kernel's launcher by (launch, device, dtypes, alignment).
+# Without it a training step's two calls cost twice the host time (_prepare: 45 us each),
+# and a GPU call through Triton's JIT 26 us more (2026-11-27-h200-run6.txt: 115.8 vs 89.3).
 _launchers: dict[tuple, object] = {}
 MAX_LAUNCHERS = 1024
 
@@ -216,8 +216,7 @@ class Config(NamedTuple):
 
 
 class Launch(NamedTuple):
-    """Every number of a launch but its pointers: the grid, the integer arguments in the
-    kernel's order, its constexprs (name, value) and warps."""
+    """A launch but its pointers: grid, integer arguments, constexprs (name, value), warps."""
 
     grid: tuple[int, int, int]
     scalars: tuple[int, ...]
@@ -226,8 +225,8 @@ class Launch(NamedTuple):
 
 
 class Verdict:
-    """The kernel's verdict on tensors of these ``metas`` (xs, outs (None: new), cos, sin,
-    positions, each ``_meta``): ``reason`` it declines them, None if it takes them."""
+    """The kernel's verdict on tensors of these ``_meta``s ((xs, outs (None: new), cos, sin,
+    positions)): the ``reason`` it declines them, None if it takes them."""
 
     __slots__ = ("metas", "reason")
 
@@ -241,21 +240,24 @@ def _kept(key: tuple, make: Callable, *args: object) -> object:
         return _launchers[key]
     except KeyError:
         pass
-    value = make(*args)
     if len(_launchers) >= MAX_LAUNCHERS:
         _launchers.clear()
-    _launchers[key] = value
+    value = _launchers[key] = make(*args)
     return value
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    """(shape, strides, dtype): what a launch reads of t but its address."""
+    return t.shape, t.stride(), t.dtype
 
 
 def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
            sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
            ) -> tuple[str | None, Verdict | None]:
-    """(``decline_reason``, the ``Verdict`` that ``run``, ``run_cache`` and ``prepare``
-    take): what ``ropelib.kernels`` asks every backend."""
-    x = xs[0]
-    if not (x.is_cuda or x.is_cpu):
-        return f"Triton runs on CUDA tensors (and on the CPU in its interpreter), got {x.device}", None
+    """(``decline_reason``, the ``Verdict`` that ``run``, ``run_cache`` and ``prepare`` take)."""
+    if not (xs[0].is_cuda or xs[0].is_cpu):
+        return ("Triton runs on CUDA tensors (and on the CPU in its interpreter), got "
+                f"{xs[0].device}"), None
     if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None),
                                                 cos, sin)):
         return "x, out, cos and sin must not be lazily negated or conjugated views", None
@@ -272,11 +274,6 @@ def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
     return assess(xs, outs, cos, sin, rotary_dim, positions)[0]
 
 
-def _meta(t: torch.Tensor) -> tuple:
-    """(shape, strides, dtype): what a launch depends on of t but its address."""
-    return t.shape, t.stride(), t.dtype
-
-
 def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
             ) -> str | None:
     """``decline_reason`` of tensors of these ``_meta``s."""
@@ -288,17 +285,15 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
             return "the channels of x and out must be contiguous (stride 1)"
         if t_dtype != dtype:
             return "q, k and their destinations must have one dtype"
-    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
-        return "q and k must have the same shape but for the heads dim (-3)"
-    if len(xs) == 3 and xs[2][0] != xs[1][0]:
-        return "v must have k's shape"
-    merged = _batch_heads(xs, tuple((x if o is None else o)[:2] for x, o in zip(
-        xs, outs, strict=True)), cos, sin, positions)
+    merged = _batch_heads(xs, [o or x for x, o in zip(xs, outs, strict=True)], cos, sin,
+                          positions)
     if merged is None:
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
                 "(rows vary) and a heads dim (rows shared)")
     if merged[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {merged[0]}"
+    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
+        return "q and k must have the same shape but for the heads dim (-3)"
     return None
 
 
@@ -307,23 +302,23 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         positions: torch.Tensor | None, axes: torch.Tensor | None,
         config: Config | None = None, *, pending=None, plan: Verdict | None = None
         ) -> list[torch.Tensor]:
-    """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` (one launch), into ``outs``
-    (None: ``new_output``; x itself: in place), a call ``decline_reason`` took.
+    """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` in one launch, into ``outs``
+    (None: ``new_output``; x itself: in place); returns the destinations.
 
-    xs: one or two tensors ``(..., heads, seq, head_dim)``, one shape but for the heads.
-    cos, sin: rows broadcastable to ``(..., seq, rotary_dim // 2)``, or with ``positions``
-    the tables ``(table_len, rotary_dim // 2)``. layout: ``"interleaved"`` or ``"half"``.
-    positions: ``(..., seq, k)`` with x's number of dims, broadcastable to its rows; pair i
-    reads coordinate ``axes[i]`` (``axes``: ``(rotary_dim // 2,)`` in [0, k); None: k is 1).
-    config: the tile shape (default ``choose_config``). pending: a
-    ``kernels.UncheckedRange`` of the coordinates (the kernel checks their range, clamps
-    them for ``pending.clamp``; ``pending.step``: a 0-d offset, row s at offset + s).
-    plan: ``assess``'s verdict (else asked here). Returns the destinations.
+    xs: one or two ``(..., heads, seq, head_dim)``, one shape but for the heads. cos, sin:
+    rows broadcastable to ``(..., seq, rotary_dim // 2)`` or, with ``positions``, tables
+    ``(table_len, rotary_dim // 2)``. layout: ``"interleaved"`` or ``"half"``. positions:
+    ``(..., seq, k)`` with x's number of dims, broadcastable to its rows; pair i reads
+    coordinate ``axes[i]`` (``axes``: ``(rotary_dim // 2,)``; None: k is 1). config: the
+    tiles (default ``choose_config``). pending: a ``kernels.UncheckedRange`` of the
+    coordinates (checked, clamped for ``clamp``; ``step``: a 0-d offset, row s at offset +
+    s). plan: ``assess``'s verdict, which took the call.
     """
     plan = plan or assess(xs, outs, cos, sin, rotary_dim, positions)[1]
     new = [new_output(x) if o is None else o for x, o in zip(xs, outs, strict=True)]
-    _rotate(plan, xs, new, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
-            pending)
+    in_place = all(o.data_ptr() == x.data_ptr() for x, o in zip(xs, new, strict=True))
+    launch(prepare(plan, xs, outs, layout, rotary_dim, inverse, axes, pending, False,
+                   in_place, config), xs, new, cos, sin, positions, axes)
     return new
 
 
@@ -332,25 +327,17 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
               sin: torch.Tensor, layout: str, rotary_dim: int,
               positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None,
               plan: Verdict | None = None) -> torch.Tensor:
-    """A decode step in one launch: returns q rotated into a new tensor; k rotated into
-    ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into ``value_cache`` there (q, k, v
-    ``(..., heads, n, head_dim)``, the caches ``(..., kv_heads, capacity, head_dim)``,
-    ``slot`` a 0-d integer tensor read by the kernel). Rows or positions as for ``run``;
-    ``plan``: ``assess`` of ``[q, k, v]`` into ``[None, key_cache, value_cache]``."""
-    plan = plan or assess([q, k, v], [None, key_cache, value_cache], cos, sin, rotary_dim,
-                          positions)[1]
+    """A decode step in one launch: q rotated into a new tensor (returned), k rotated into
+    ``key_cache[..., slot + 0 .. n - 1, :]``, v copied into ``value_cache`` there. q, k, v:
+    ``(..., heads, n, head_dim)``; caches ``(..., kv_heads, capacity, head_dim)``; ``slot``: a
+    0-d integer tensor, read by the kernel. The rest as for ``run`` (``plan``: ``assess`` of
+    ``[q, k, v]`` into ``[None, key_cache, value_cache]``)."""
+    xs, outs = [q, k, v], [None, key_cache, value_cache]
+    plan = plan or assess(xs, outs, cos, sin, rotary_dim, positions)[1]
     q_out = new_output(q)
-    _rotate(plan, [q, k, v], [q_out, key_cache, value_cache], cos, sin, layout, rotary_dim,
-            False, positions, axes, None, pending, slot)
+    launch(prepare(plan, xs, outs, layout, rotary_dim, False, axes, pending, True, False),
+           xs, [q_out, key_cache, value_cache], cos, sin, positions, axes, slot)
     return q_out
-
-
-def _rotate(plan, xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes, config,
-            pending, slot=None) -> None:
-    """``run`` into the given destinations (``plan``'s outs None where they are new)."""
-    in_place = all(o.data_ptr() == t.data_ptr() for t, o in zip(xs, outs, strict=True))
-    launch(prepare(plan, xs, outs, layout, rotary_dim, inverse, axes, pending,
-                   slot is not None, in_place, config), xs, outs, cos, sin, positions, axes, slot)
 
 
 def prepare(plan: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
@@ -358,10 +345,10 @@ def prepare(plan: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tens
             pending, cache_step: bool, in_place: bool, config: Config | None = None
             ) -> Launch | None:
     """The ``Launch`` of a call ``plan`` took (arguments as for ``run``; ``cache_step``:
-    ``run_cache``'s; ``in_place``: each destination is its x, the pass-through channels stay
-    as they are); None for empty tensors."""
-    key = (plan, layout, rotary_dim, inverse, None if axes is None else (*axes.shape,
-                                                                         *axes.stride()),
+    ``run_cache``'s; ``in_place``: each destination is its x, its pass-through channels are
+    left as they are); None for empty tensors."""
+    key = (plan, layout, rotary_dim, inverse,
+           None if axes is None else (*axes.shape, *axes.stride()),
            None if pending is None else (pending.step, pending.clamp), cache_step,
            xs[0].is_cuda, config, in_place)
     return _kept(key, _prepare, *plan.metas, *key[1:])
@@ -371,26 +358,24 @@ def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[t
            cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
            axes: torch.Tensor | None, slot: torch.Tensor | None = None) -> None:
     """Launches ``prepared`` on these tensors (as ``run`` and ``run_cache`` take them, or
-    tensors of the same metas): only their addresses are read."""
+    others of the same ``_meta``s): only their addresses are read."""
     if prepared is None:
         return
-    x = xs[0]
-    two = 1 if len(xs) > 1 else 0
-    unused = cos  # a pointer argument the launch does not read (Triton wants a tensor)
-    tensors = (x, outs[0], xs[two], outs[two], xs[-1] if slot is not None else x, outs[-1],
-               cos, sin, unused if positions is None else positions,
-               unused if axes is None else axes, unused if slot is None else slot)
-    _launch(x, prepared, tensors)
+    x, two = xs[0], 1 if len(xs) > 1 else 0
+    unused = cos  # a pointer the launch does not read (Triton wants a tensor)
+    _launch(x, prepared, (x, outs[0], xs[two], outs[two], xs[-1] if slot is not None else x,
+                          outs[-1], cos, sin, unused if positions is None else positions,
+                          unused if axes is None else axes, unused if slot is None else slot))
 
 
 def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
              layout: str, rotary_dim: int, inverse: bool, axes: tuple[int, int] | None,
              pending: tuple[bool, bool] | None, slotted: bool, cuda: bool,
              config: Config | None, in_place: bool) -> Launch | None:
-    """``prepare`` of tensors of these ``_meta``s (an out of None: ``new_output``'s layout);
-    ``axes``: its (pairs, stride); ``pending``: (step, clamp)."""
-    outs = tuple((x[0], _new_strides(x, cuda)) if o is None else o[:2]
-                 for x, o in zip(xs, outs, strict=True))
+    """``prepare`` of tensors of these ``_meta``s (an out of None: ``new_output``'s
+    strides); ``axes``: its (pairs, stride); ``pending``: (step, clamp)."""
+    outs = [o or (x[0], new_output(torch.empty_strided(x[0], x[1], dtype=x[2], device="meta"),
+                                   cuda).stride()) for x, o in zip(xs, outs, strict=True)]
     batch, operands, tables, coordinates = _batch_heads(xs, outs, cos, sin, positions)
     seq, head_dim = xs[0][0][-2], xs[0][0][-1]
     heads = sum(operand[0] for operand in operands)
@@ -398,85 +383,57 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
         return None
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
     flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
-    if positions is None:
-        mode = ROWS_PER_HEAD if tables[1] or tables[5] else ROWS
-    else:
-        mode = POSITIONS if axes is None else AXES
     rest = head_dim - rotary_dim
-    scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates, 0 if axes is None else axes[1],
-               positions[0][-1] if positions is not None else 1, cos[0][0], seq,
-               outs[-1][0][-2])
-    grid = (-(-seq // config.block_s), batch, -(-heads // config.heads_per_program))
+    mode = (ROWS_PER_HEAD if tables[1] or tables[5] else ROWS) if positions is None else (
+        POSITIONS if axes is None else AXES)
+    scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
+               0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
+               cos[0][0], seq, outs[-1][0][-2])
     constexprs = (
         ("HEADS_PER_PROGRAM", config.heads_per_program), ("ROTARY", rotary_dim),
-        ("HEAD_DIM", head_dim), ("BLOCK_S", config.block_s),
-        ("BLOCK_P", _pow2(rotary_dim // 2)),
+        ("HEAD_DIM", head_dim), ("BLOCK_S", config.block_s), ("BLOCK_P", _pow2(rotary_dim // 2)),
         ("BLOCK_R", 0 if (in_place or not rest) else _pow2(rest)),
         ("BLOCK_D", _pow2(head_dim) if slotted else 0), ("HALF", layout == "half"),
         ("INVERSE", inverse), ("MODE", mode), ("STEP", pending is not None and pending[0]),
         ("CLAMP", pending is not None and pending[1]), ("CHECK", pending is not None))
+    grid = (-(-seq // config.block_s), batch, -(-heads // config.heads_per_program))
     return Launch(grid, scalars, constexprs, config.num_warps)
-
-
-def _new_strides(x: tuple, cuda: bool) -> tuple[int, ...]:
-    """The strides of ``new_output`` of a tensor of ``_meta`` x, on a GPU (``cuda``) or not."""
-    shape, strides, dtype = x
-    return new_output(torch.empty_strided(shape, strides, dtype=dtype, device="meta"),
-                      cuda).stride()
 
 
 def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
     """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU with x's
-    device current (a model split over GPUs calls with tensors on another), then restored."""
+    device current (a model split over GPUs calls with tensors on another), then restored;
+    through Triton's JIT the first time (it specializes on the integers, the dtypes and each
+    pointer's 16-byte alignment), then through the compiled kernel's launcher."""
+    grid, scalars, constexprs, num_warps = launch
     if not x.is_cuda:
-        grid, scalars, constexprs, _ = launch
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
         return
     device = x.get_device()
-    if device == torch.cuda.current_device():
-        _launch_on(device, launch, tensors)
-        return
-    with torch.cuda.device(device):
-        _launch_on(device, launch, tensors)
-
-
-def _launch_on(device: int, launch: Launch, tensors: tuple) -> None:
-    """``_launch`` on the current device: through Triton's JIT the first time (it compiles
-    and specializes on the integers, the dtypes and each pointer's 16-byte alignment), then
-    straight through the compiled kernel's launcher (the JIT's argument binding costs about
-    26 us a call: benchmarks/results/2026-11-27-h200-run6.txt, 115.8 against 89.3 us)."""
-    grid, scalars, constexprs, num_warps = launch
+    if device != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch(x, launch, tensors)
     key = (launch, device, *(t.dtype for t in tensors),
            *(t.data_ptr() % 16 == 0 for t in tensors))
-    go = _launchers.get(key)
-    if go is not None:
-        go(tensors)
+    found = _launchers.get(key)
+    if found is not None:
+        runner, tail, stream = found
+        runner(*tensors, *tail, stream=stream(device))
         return
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
     arguments = len(tensors) + len(scalars) + len(constexprs)
     if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == arguments:
-        _kept(key, _launcher_for, kernel[grid], launch, device)
-
-
-def _launcher_for(runner: Callable, launch: Launch, device: int) -> Callable[[Sequence], None]:
-    """``runner`` (the compiled kernel's launcher for ``launch.grid``) with ``launch``'s
-    numbers on ``device``'s current stream: a function of the pointer arguments alone."""
-    tail = (*launch.scalars, *(value for _, value in launch.constexprs))
-    current_stream = triton.runtime.driver.active.get_current_stream
-
-    def go(pointers: Sequence) -> None:
-        runner(*pointers, *tail, stream=current_stream(device))
-    return go
+        _kept(key, lambda: (kernel[grid], (*scalars, *(value for _, value in constexprs)),
+                            triton.runtime.driver.active.get_current_stream))
 
 
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
                   mrope: bool = False) -> Config:
-    """Tiles of ``TILE_ELEMENTS`` elements, ``HEADS_PER_PROGRAM`` heads a program, 8 warps:
-    the best of 48 tile shapes on an H200 at (4, 32, 4096, 128) (``bench_gpu.py --sweep``,
-    benchmarks/results/2026-11-26-h200.txt). M-RoPE (``mrope``) over at least a tile of
-    tokens: half the tokens, a quarter of the heads and 4 warps, the best of 16 tile shapes
-    at three shapes (benchmarks/results/2026-11-27-h200-run5.txt). The interpreter: one
+    """Tiles of ``TILE_ELEMENTS`` elements, ``HEADS_PER_PROGRAM`` heads, 8 warps: the best of
+    48 tile shapes on an H200 at (4, 32, 4096, 128) (benchmarks/results/2026-11-26-h200.txt).
+    M-RoPE (``mrope``) over a tile of tokens or more: half the tokens, a quarter of the heads,
+    4 warps, the best of 16 at three shapes (2026-11-27-h200-run5.txt). The interpreter: one
     program per token block and batch entry."""
     block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
     if not cuda:
@@ -490,32 +447,24 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def _batch_heads(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
-                 ) -> tuple | None:
-    """x's leading dims (all but seq and channels) as a batch dim (the rows may vary along
-    it) and a heads dim (rows shared, stride 0, or read per head for one x): (batch, per x
-    (heads, x's (b, h, s) strides, its destination's), cos's then sin's (b, h, s, channel)
-    strides, the positions' (b, s, k) strides); None when they cannot be merged so. Each
-    argument starts with (shape, strides). The dims are cut once into outer (batch) and
-    inner (heads) dims, the same cut for q and k, and each tensor's groups merged on its own
-    strides; the first cut that works is taken, rows shared by the heads first."""
-    shape = xs[0][0]
-    lead = len(shape) - 2
-    source = cos if positions is None else positions
-    rows = [_broadcast_stride(source, len(shape), d) for d in range(lead)]
-    sin_rows = rows if positions is not None else [
-        _broadcast_stride(sin, len(shape), d) for d in range(lead)]
-    for per_head in (False,) if positions is not None or len(xs) > 1 else (False, True):
-        for cut in range(lead + 1):
-            merged = _split(xs, outs, rows, sin_rows, cut, per_head)
-            if merged is not None:
-                break
-        else:
-            continue
-        break
-    else:
+def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
+                 positions: tuple | None) -> tuple | None:
+    """The leading dims of xs (all but seq and channels) as a batch dim (rows may vary) and a
+    heads dim (rows shared, or read per head for one x): (batch, per x (heads, x's (b, h, s)
+    strides, out's), cos's then sin's (b, h, s, channel) strides, the positions' (b, s, k)
+    strides), or None. Each tensor is (shape, strides, ...). The dims are cut once into the
+    batch and the heads, the same cut for each x, and each side merged on each tensor's own
+    strides (``_merge_dims``); the first cut that works is taken, shared rows first."""
+    ndim = len(xs[0][0])
+    rows = [_broadcast_stride(cos if positions is None else positions, ndim, d)
+            for d in range(ndim - 2)]
+    sin_rows = rows if positions else [_broadcast_stride(sin, ndim, d) for d in range(ndim - 2)]
+    found = next((merged for per_head in ((False,) if positions or len(xs) > 1 else (False, True))
+                  for cut in range(ndim - 1)
+                  if (merged := _split(xs, outs, rows, sin_rows, cut, per_head))), None)
+    if found is None:
         return None
-    batch, operands, (c_h, s_h) = merged
+    batch, operands, (c_h, s_h) = found
     if positions is None:
         return batch[0], operands, (batch[3], c_h, _row_stride(cos), cos[1][-1], batch[4],
                                     s_h, _row_stride(sin), sin[1][-1]), (0, 0, 0)
@@ -523,13 +472,12 @@ def _batch_heads(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tupl
         batch[3], _row_stride(positions), positions[1][-1])
 
 
-def _split(xs: tuple, outs: tuple, rows: list[int], sin_rows: list[int], cut: int,
+def _split(xs: Sequence, outs: Sequence, rows: list[int], sin_rows: list[int], cut: int,
            per_head: bool) -> tuple | None:
-    """``_batch_heads`` with the leading dims ``[:cut]`` as the batch: (the batch dim (size,
-    strides of x, out, cos, sin), per x (heads, x's strides, out's), the rows' strides along
-    the heads), or None where a group does not merge, q and k differ in their batch, or the
+    """``_batch_heads`` with dims ``[:cut]`` as the batch: (the batch dim (size, strides of
+    x, out, cos, sin), per x (heads, x's strides, out's), the rows' strides along the heads),
+    or None where a side does not merge into one dim, the xs differ in their batch, or the
     rows vary along the heads (unless ``per_head``)."""
-    one = (1, 0, 0, 0, 0)
     base, operands = None, []
     for (x_shape, x_stride, *_), (_, o_stride, *_) in zip(xs, outs, strict=True):
         dims = [(x_shape[d], x_stride[d], o_stride[d], rows[d], sin_rows[d])
@@ -537,11 +485,10 @@ def _split(xs: tuple, outs: tuple, rows: list[int], sin_rows: list[int], cut: in
         outer, inner = _merge_dims(dims[:cut]), _merge_dims(dims[cut:])
         if outer is None or inner is None or len(outer) > 1 or len(inner) > 1:
             return None
-        b_dim, h_dim = (outer or [one])[0], (inner or [one])[0]
-        if (h_dim[3] or h_dim[4]) and not per_head:
+        b_dim, h_dim = (outer or [(1, 0, 0, 0, 0)])[0], (inner or [(1, 0, 0, 0, 0)])[0]
+        if ((h_dim[3] or h_dim[4]) and not per_head) or (
+                base is not None and (b_dim[0], *b_dim[3:]) != (base[0], *base[3:])):
             return None
-        if base is not None and (b_dim[0] != base[0] or b_dim[3:] != base[3:]):
-            return None  # q and k must share the batch dim and the rows
         base = base or b_dim
         operands.append((h_dim[0], (b_dim[1], h_dim[1], x_stride[-2]),
                          (b_dim[2], h_dim[2], o_stride[-2])))
@@ -549,14 +496,13 @@ def _split(xs: tuple, outs: tuple, rows: list[int], sin_rows: list[int], cut: in
 
 
 def _broadcast_stride(t: tuple, ndim: int, d: int) -> int:
-    """The stride of t = (shape, strides, ...) along dim d of ``ndim`` dims it broadcasts
-    against (0 where t lacks the dim or has size 1)."""
+    """t's stride along dim d of ``ndim`` dims it broadcasts to (0: missing or size 1)."""
     k = d - (ndim - len(t[0]))
     return 0 if k < 0 or t[0][k] == 1 else t[1][k]
 
 
 def _row_stride(t: tuple) -> int:
-    """The stride of t = (shape, strides, ...) along its rows (dim -2); 0 for one row."""
+    """t's stride along its rows (dim -2); 0 for one row."""
     return 0 if t[0][-2] == 1 else t[1][-2]
 
 
@@ -567,10 +513,9 @@ def _merge_dims(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
     for dim in dims:
         if dim[0] == 1:
             continue
-        if merged:
-            size, *strides = merged[-1]
-            if all(outer == inner * dim[0] for outer, inner in zip(strides, dim[1:], strict=True)):
-                merged[-1] = (size * dim[0], *dim[1:])
-                continue
-        merged.append(dim)
+        if merged and all(outer == inner * dim[0]
+                          for outer, inner in zip(merged[-1][1:], dim[1:], strict=True)):
+            merged[-1] = (merged[-1][0] * dim[0], *dim[1:])
+        else:
+            merged.append(dim)
     return merged if len(merged) <= 2 else None
