@@ -449,73 +449,36 @@ def _pow2(n: int) -> int:
 
 def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
                  positions: tuple | None) -> tuple | None:
-    """The leading dims of xs (all but seq and channels) as a batch dim (rows may vary) and a
-    heads dim (rows shared, or read per head for one x): (batch, per x (heads, x's (b, h, s)
-    strides, out's), cos's then sin's (b, h, s, channel) strides, the positions' (b, s, k)
-    strides), or None. Each tensor is (shape, strides, ...). The dims are cut once into the
-    batch and the heads, the same cut for each x, and each side merged on each tensor's own
-    strides (``_merge_dims``); the first cut that works is taken, shared rows first."""
-    ndim = len(xs[0][0])
-    rows = [_broadcast_stride(cos if positions is None else positions, ndim, d)
-            for d in range(ndim - 2)]
-    sin_rows = rows if positions else [_broadcast_stride(sin, ndim, d) for d in range(ndim - 2)]
-    found = next((merged for per_head in ((False,) if positions or len(xs) > 1 else (False, True))
-                  for cut in range(ndim - 1)
-                  if (merged := _split(xs, outs, rows, sin_rows, cut, per_head))), None)
-    if found is None:
+    """The leading dims of xs (all but seq and channels) viewed as a batch dim (the rows may
+    vary along it) and a heads dim (rows shared, or read per head for one x), cut where
+    every tensor's strides allow it (the first such cut, shared rows first): (batch, per x
+    (heads, x's (b, h, s) strides, out's), cos's then sin's (b, h, s, channel) strides, the
+    positions' (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
+    rows = [cos, sin] if positions is None else [positions]
+    for per_head in (False,) if positions is not None or len(xs) > 1 else (False, True):
+        for cut in range(len(xs[0][0]) - 1):
+            views = [[_view(t, x[0], cut) for t in (x, o, *rows)]
+                     for x, o in zip(xs, outs, strict=True)]
+            if any(None in v or (v[2][1] or v[-1][1]) and not per_head for v in views) or len(
+                    {math.prod(x[0][:cut]) for x in xs}) > 1:
+                continue
+            operands = [(math.prod(x[0][cut:-2]), v[0][:3], v[1][:3])
+                        for x, v in zip(xs, views, strict=True)]
+            batch, last = math.prod(xs[0][0][:cut]), views[-1][2:]
+            if positions is None:
+                return batch, operands, (*last[0], *last[1]), (0, 0, 0)
+            return batch, operands, (0, 0, *cos[1], 0, 0, *sin[1]), last[0][:1] + last[0][2:]
+    return None
+
+
+def _view(t: tuple, shape: tuple, cut: int) -> tuple[int, ...] | None:
+    """The strides of t = (shape, strides, ...) broadcast to x's leading dims ``shape[:-2]``
+    and merged into ``shape[:cut]`` and ``shape[cut:-2]``, then t's rows and channels (0
+    along a dim of size 1); None where t's strides do not allow it."""
+    try:
+        meta = torch.empty_strided(t[0], t[1], device="meta").expand(*shape[:-2], *t[0][-2:])
+        view = meta.view(math.prod(shape[:cut]), math.prod(shape[cut:-2]), *t[0][-2:])
+    except RuntimeError:
         return None
-    batch, operands, (c_h, s_h) = found
-    if positions is None:
-        return batch[0], operands, (batch[3], c_h, _row_stride(cos), cos[1][-1], batch[4],
-                                    s_h, _row_stride(sin), sin[1][-1]), (0, 0, 0)
-    return batch[0], operands, (0, 0, cos[1][0], cos[1][1], 0, 0, sin[1][0], sin[1][1]), (
-        batch[3], _row_stride(positions), positions[1][-1])
-
-
-def _split(xs: Sequence, outs: Sequence, rows: list[int], sin_rows: list[int], cut: int,
-           per_head: bool) -> tuple | None:
-    """``_batch_heads`` with dims ``[:cut]`` as the batch: (the batch dim (size, strides of
-    x, out, cos, sin), per x (heads, x's strides, out's), the rows' strides along the heads),
-    or None where a side does not merge into one dim, the xs differ in their batch, or the
-    rows vary along the heads (unless ``per_head``)."""
-    base, operands = None, []
-    for (x_shape, x_stride, *_), (_, o_stride, *_) in zip(xs, outs, strict=True):
-        dims = [(x_shape[d], x_stride[d], o_stride[d], rows[d], sin_rows[d])
-                for d in range(len(x_shape) - 2)]
-        outer, inner = _merge_dims(dims[:cut]), _merge_dims(dims[cut:])
-        if outer is None or inner is None or len(outer) > 1 or len(inner) > 1:
-            return None
-        b_dim, h_dim = (outer or [(1, 0, 0, 0, 0)])[0], (inner or [(1, 0, 0, 0, 0)])[0]
-        if ((h_dim[3] or h_dim[4]) and not per_head) or (
-                base is not None and (b_dim[0], *b_dim[3:]) != (base[0], *base[3:])):
-            return None
-        base = base or b_dim
-        operands.append((h_dim[0], (b_dim[1], h_dim[1], x_stride[-2]),
-                         (b_dim[2], h_dim[2], o_stride[-2])))
-    return base, operands, (h_dim[3], h_dim[4])
-
-
-def _broadcast_stride(t: tuple, ndim: int, d: int) -> int:
-    """t's stride along dim d of ``ndim`` dims it broadcasts to (0: missing or size 1)."""
-    k = d - (ndim - len(t[0]))
-    return 0 if k < 0 or t[0][k] == 1 else t[1][k]
-
-
-def _row_stride(t: tuple) -> int:
-    """t's stride along its rows (dim -2); 0 for one row."""
-    return 0 if t[0][-2] == 1 else t[1][-2]
-
-
-def _merge_dims(dims: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
-    """Dims (size, then a stride per tensor) merged where every tensor's strides allow it,
-    size-1 dims dropped; None when more than two remain."""
-    merged: list[tuple[int, ...]] = []
-    for dim in dims:
-        if dim[0] == 1:
-            continue
-        if merged and all(outer == inner * dim[0]
-                          for outer, inner in zip(merged[-1][1:], dim[1:], strict=True)):
-            merged[-1] = (merged[-1][0] * dim[0], *dim[1:])
-        else:
-            merged.append(dim)
-    return merged if len(merged) <= 2 else None
+    return tuple(0 if n == 1 else stride
+                 for n, stride in zip(view.shape, view.stride(), strict=True))
