@@ -1,24 +1,17 @@
 """The GPU kernel: RoPE as one Triton program per block of tokens, tables read once.
 
-A rotation reads and writes x once, like a copy; the rest is the cos and sin rows (a float32
-row is as many bytes as a bfloat16 row of x). Each program takes ``BLOCK_S`` tokens of one
-batch entry, reads their table rows once and walks the heads (of q, then of k: one launch),
-rotating one ``(BLOCK_S, head_dim)`` tile per head in float32, rounded once on store.
-``half`` loads the two halves as two tiles; ``interleaved`` loads one tile and splits it into
-the pairs in registers (stride-2 loads would be scalar loads). Rows are given (any strides,
-broadcast where the stride is 0) or read through positions from the 2-D tables: one
-coordinate per token, a 0-d offset (row s at offset + s) or, for M-RoPE, coordinate
-``axes[i]`` for pair i. x and out may have any strides with channel stride 1: their leading
-dims are merged into a batch dim (rows vary) and a heads dim (rows shared), else the kernel
-declines the call.
+Each program takes ``BLOCK_S`` tokens of one batch entry, reads their cos and sin rows once
+(a float32 row is as many bytes as a bfloat16 row of x) and walks the heads (of q, then of
+k: one launch), rotating one ``(BLOCK_S, head_dim)`` tile per head in float32, rounded once
+on store; ``interleaved`` pairs are split in registers (stride-2 loads would be scalar
+loads). Rows are given (any strides, 0 where broadcast) or read from the 2-D tables through
+positions (per token, a 0-d offset, or M-RoPE's ``axes``). x and out take any strides with
+contiguous channels whose leading dims merge into a batch dim (rows vary) and a heads dim.
 
-The backend interface of ``ropelib.kernels``: ``decline_reason``, ``assess`` (the reason
-and the ``Verdict`` that ``run``, ``run_cache`` and ``prepare`` take), ``run``, ``run_cache``
-(a decode step's rotation and cache write in one launch); ``prepare`` and ``launch`` are the
-two halves of a launch that ``ropelib.plans`` calls apart. CUDA tensors run the compiled
-kernel; CPU tensors run it in Triton's interpreter (``ROPELIB_BACKEND=triton``), which is
-how the tests check every variant without a GPU. ``_launchers``, the one cache, holds numbers
-and dtypes, never a tensor.
+The interface of ``ropelib.kernels``' backends (``decline_reason``, ``assess``, ``run``,
+``run_cache``), and ``prepare`` and ``launch``, the halves of a launch that ``ropelib.plans``
+calls apart. CUDA tensors run the compiled kernel, CPU tensors Triton's interpreter
+(``ROPELIB_BACKEND=triton``: how the tests check every variant without a GPU).
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_ELEMENTS = 2048  # elements of x in one (BLOCK_S, head_dim) tile
 HEADS_PER_PROGRAM = 4
 MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
-ROWS_PER_HEAD, ROWS, POSITIONS, AXES = range(-1, 3)  # the kernel's MODE
 
 
 def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
@@ -183,20 +175,14 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
                      mask=copy_mask)
 
 
-def _cuda_options() -> dict:
-    """The CUDA kernel's compile options: Triton's integer overflow checks off (debug, on
-    for the device-side assertions, would turn them on), where this Triton has them."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return {}
-    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
-    return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
-
-
-_compiled = triton.jit(_rope, debug=True)
+_compiled = triton.jit(_rope, debug=True)  # debug: the device-side assertions run
 _interpreted = InterpretedFunction(_rope)
-_CUDA_OPTIONS = _cuda_options()
+try:  # debug turns on Triton's integer overflow checks too (every index): off, where it has them
+    from triton.backends.nvidia.compiler import CUDAOptions
+    _CUDA_OPTIONS = {"sanitize_overflow": False} if "sanitize_overflow" in getattr(
+        CUDAOptions, "__dataclass_fields__", {}) else {}
+except ImportError:
+    _CUDA_OPTIONS = {}
 # Triton 3.4 and later launch a compiled kernel with every argument, constexprs included
 _RAW_LAUNCH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 4)
 # The one cache (emptied when full): a Verdict by its tensors' _metas, a Launch by (verdict,
@@ -384,8 +370,8 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
     flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
     rest = head_dim - rotary_dim
-    mode = (ROWS_PER_HEAD if tables[1] or tables[5] else ROWS) if positions is None else (
-        POSITIONS if axes is None else AXES)
+    mode = (-1 if tables[1] or tables[5] else 0) if positions is None else (
+        1 if axes is None else 2)  # the kernel's MODE
     scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
                0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
                cos[0][0], seq, outs[-1][0][-2])
