@@ -143,6 +143,30 @@ def test_mrope_axes_of_any_strides(device, kind):
     close(result, rope_by_pairs(x, table, "interleaved"), torch.float32)
 
 
+def test_calls_without_a_plan_keep_their_verdict_and_launch(monkeypatch):
+    """A training step takes no plan (autograd records it): its forward and backward calls
+    keep the kernel's verdict and launches in the backend's one cache, so later steps with
+    new tensors of the same shapes merge no dims again (``_batch_heads``) and still equal
+    the float64 rotation and its transpose; the cache stays within its bound."""
+    merges, merge = [], triton_rope._batch_heads
+    monkeypatch.setattr(triton_rope, "_batch_heads", lambda *a: merges.append(1) or merge(*a))
+    cos, sin = generate_rope_embeddings(6, 16)
+    counts = []
+    for _ in range(3):
+        x = torch.randn(2, 3, 6, 16, requires_grad=True)
+        grad = torch.randn(2, 3, 6, 16)
+        y = apply_rope(x, cos, sin, layout="half")
+        y.backward(grad)
+        close(y, reference(x.detach(), torch.arange(6), 16, "half"), torch.float32)
+        close(x.grad, reference(grad, torch.arange(6), 16, "half", sign=-1.0), torch.float32)
+        counts.append(len(merges))
+    assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
+    monkeypatch.setattr(triton_rope, "MAX_LAUNCHERS", 2)
+    for seq in (2, 3, 4):
+        apply_rope(torch.randn(1, 2, seq, 16), cos, sin, layout="half")
+        assert len(triton_rope._launchers) <= 2
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gradient_is_the_inverse_rotation(device, layout):
     """The backward runs the kernel with inverse=True: dL/dx = R_{-Theta} g, in float64 against
