@@ -271,6 +271,8 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
             return "the channels of x and out must be contiguous (stride 1)"
         if t_dtype != dtype:
             return "q, k and their destinations must have one dtype"
+    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
+        return "q and k must have the same shape but for the heads dim (-3)"
     merged = _batch_heads(xs, [o or x for x, o in zip(xs, outs, strict=True)], cos, sin,
                           positions)
     if merged is None:
@@ -278,8 +280,6 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
                 "(rows vary) and a heads dim (rows shared)")
     if merged[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {merged[0]}"
-    if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
-        return "q and k must have the same shape but for the heads dim (-3)"
     return None
 
 
@@ -289,7 +289,8 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         config: Config | None = None, *, pending=None, plan: Verdict | None = None
         ) -> list[torch.Tensor]:
     """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` in one launch, into ``outs``
-    (None: ``new_output``; x itself: in place); returns the destinations.
+    (None: a new tensor, ``new_output``: x's layout on a GPU; x itself: in place); returns
+    the destinations.
 
     xs: one or two ``(..., heads, seq, head_dim)``, one shape but for the heads. cos, sin:
     rows broadcastable to ``(..., seq, rotary_dim // 2)`` or, with ``positions``, tables
@@ -326,18 +327,18 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
     return q_out
 
 
-def prepare(plan: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+def prepare(verdict: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
             layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
             pending, cache_step: bool, in_place: bool, config: Config | None = None
             ) -> Launch | None:
-    """The ``Launch`` of a call ``plan`` took (arguments as for ``run``; ``cache_step``:
+    """The ``Launch`` of a call ``verdict`` took (arguments as for ``run``; ``cache_step``:
     ``run_cache``'s; ``in_place``: each destination is its x, its pass-through channels are
     left as they are); None for empty tensors."""
-    key = (plan, layout, rotary_dim, inverse,
+    key = (verdict, layout, rotary_dim, inverse,
            None if axes is None else (*axes.shape, *axes.stride()),
            None if pending is None else (pending.step, pending.clamp), cache_step,
            xs[0].is_cuda, config, in_place)
-    return _kept(key, _prepare, *plan.metas, *key[1:])
+    return _kept(key, _prepare, *verdict.metas, *key[1:])
 
 
 def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
