@@ -404,8 +404,8 @@ def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
            *(t.data_ptr() % 16 == 0 for t in tensors))
     found = _launchers.get(key)
     if found is not None:
-        runner, tail, stream = found
-        runner(*tensors, *tail, stream=stream(device))
+        runner, tail, current_stream = found
+        runner(*tensors, *tail, stream=current_stream(device))
         return
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
