@@ -533,3 +533,26 @@ def test_rows_of_given_positions_equal_the_tables(device):
     for rows, f in ((cos, torch.cos), (sin, torch.sin)):
         assert rows.dtype == torch.float32 and rows.device == device
         torch.testing.assert_close(rows.cpu(), f(table).float(), rtol=0, atol=6e-8)
+
+
+@pytest.mark.parametrize("mode, step, clamp, check, cache_step, half, partial", [
+    (0, False, False, False, False, True, True), (-1, False, False, False, False, False, False),
+    (1, True, False, True, True, True, False), (1, False, True, True, False, False, True),
+    (1, False, False, False, False, True, False), (2, False, False, True, False, False, False)])
+def test_the_kernel_compiles_for_a_gpu_in_each_variant(mode, step, clamp, check, cache_step,
+                                                       half, partial):
+    """What the interpreter cannot check: Triton's compiler takes the kernel (compiled with
+    debug, as a CUDA launch does) in each branch of its constexprs, for a GPU of this
+    project's benchmarks (``triton_probe.TARGET``), bfloat16 tensors, without spilling past
+    the registers a thread can have."""
+    from ropelib.book import triton_probe
+
+    constants = {"HEADS_PER_PROGRAM": 4, "ROTARY": 96 if partial else 128, "HEAD_DIM": 128,
+                 "BLOCK_S": 16, "BLOCK_P": 64, "BLOCK_R": 32 if partial else 0,
+                 "BLOCK_D": 128 if cache_step else 0, "HALF": half, "INVERSE": not half,
+                 "MODE": mode, "STEP": step, "CLAMP": clamp, "CHECK": check}
+    pointers = {"COS": "*fp32", "SIN": "*fp32", "POS": "*i64", "AXES": "*i64", "SLOT": "*i64"}
+    signature = {name: pointers.get(name, "*bf16" if name[0] in "XO" else "i32")
+                 for name in triton_rope._compiled.arg_names if name not in constants}
+    used = triton_probe.resources(triton_rope._compiled, signature, constants, num_warps=8)
+    assert 0 < used["registers"] <= 255
