@@ -462,10 +462,23 @@ def _view(t: tuple, shape: tuple, cut: int) -> tuple[int, ...] | None:
     """The strides of t = (shape, strides, ...) broadcast to x's leading dims ``shape[:-2]``
     and merged into ``shape[:cut]`` and ``shape[cut:-2]``, then t's rows and channels (0
     along a dim of size 1); None where t's strides do not allow it."""
-    try:
-        meta = torch.empty_strided(t[0], t[1], device="meta").expand(*shape[:-2], *t[0][-2:])
-        view = meta.view(math.prod(shape[:cut]), math.prod(shape[cut:-2]), *t[0][-2:])
-    except RuntimeError:
+    k = len(shape) - len(t[0])  # t's missing leading dims
+    dims = [(n, 0 if d < k or t[0][d - k] == 1 else t[1][d - k])
+            for d, n in enumerate(shape[:-2])]
+    batch, heads = _merged(dims[:cut]), _merged(dims[cut:])
+    if batch is None or heads is None:
         return None
-    return tuple(0 if n == 1 else stride
-                 for n, stride in zip(view.shape, view.stride(), strict=True))
+    rows = zip(t[0][-2:], t[1][-2:], strict=True)  # t's rows and channels
+    return batch, heads, *(0 if n == 1 else stride for n, stride in rows)
+
+
+def _merged(dims: list[tuple[int, int]]) -> int | None:
+    """The stride of dims (size, stride) viewed as one dim (0 for size 1), None if they
+    cannot be: each dim of size > 1 must step over the next one's elements."""
+    stride, inner = 0, None
+    for n, step in reversed(dims):
+        if n != 1:
+            if inner is not None and step != inner[0] * inner[1]:
+                return None
+            stride, inner = stride if inner else step, (n, step)  # the innermost's
+    return stride
