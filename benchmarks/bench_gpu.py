@@ -124,8 +124,8 @@ def recorded_launch(step) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def kernel_swapped(kernel):
-    """``triton_rope``'s JIT kernel replaced by ``kernel`` (its prepared launchers forgotten
-    meanwhile), then everything as it was."""
+    """``triton_rope``'s JIT kernel replaced by ``kernel`` (its cache, ``_launchers``, with the
+    compiled kernel's launchers, emptied meanwhile), then everything as it was."""
     default, launchers = triton_rope._compiled, dict(triton_rope._launchers)
     triton_rope._launchers.clear()
     triton_rope._compiled = kernel

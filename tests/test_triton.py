@@ -143,6 +143,30 @@ def test_mrope_axes_of_any_strides(device, kind):
     close(result, rope_by_pairs(x, table, "interleaved"), torch.float32)
 
 
+def test_calls_without_a_plan_keep_their_verdict_and_launch(monkeypatch):
+    """A training step takes no plan (autograd records it): its forward and backward calls
+    keep the kernel's verdict and launches in the backend's one cache, so later steps with
+    new tensors of the same shapes merge no dims again (``_batch_heads``) and still equal
+    the float64 rotation and its transpose; the cache stays within its bound."""
+    merges, merge = [], triton_rope._batch_heads
+    monkeypatch.setattr(triton_rope, "_batch_heads", lambda *a: merges.append(1) or merge(*a))
+    cos, sin = generate_rope_embeddings(6, 16)
+    counts = []
+    for _ in range(3):
+        x = torch.randn(2, 3, 6, 16, requires_grad=True)
+        grad = torch.randn(2, 3, 6, 16)
+        y = apply_rope(x, cos, sin, layout="half")
+        y.backward(grad)
+        close(y, reference(x.detach(), torch.arange(6), 16, "half"), torch.float32)
+        close(x.grad, reference(grad, torch.arange(6), 16, "half", sign=-1.0), torch.float32)
+        counts.append(len(merges))
+    assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
+    monkeypatch.setattr(triton_rope, "MAX_LAUNCHERS", 2)
+    for seq in (2, 3, 4):
+        apply_rope(torch.randn(1, 2, seq, 16), cos, sin, layout="half")
+        assert len(triton_rope._launchers) <= 2
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gradient_is_the_inverse_rotation(device, layout):
     """The backward runs the kernel with inverse=True: dL/dx = R_{-Theta} g, in float64 against
@@ -419,17 +443,25 @@ def test_a_bad_position_on_cuda_is_a_device_side_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the prepared launch needs a GPU")
-def test_prepared_launches_equal_the_first_one():
+def test_prepared_launches_equal_the_first_one(monkeypatch):
     """After the first call of a shape (through Triton's JIT), calls go straight to the
     compiled kernel's launcher: the same numbers, call after call, with new tensors."""
     cos, sin = generate_rope_embeddings(64, 16, device="cuda")
     triton_rope._launchers.clear()
+    jit, grids = triton_rope._compiled, []
+
+    class Counting:  # Triton's JIT, each launch through it noted
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return jit[grid]
+
+    monkeypatch.setattr(triton_rope, "_compiled", Counting())
     for _ in range(3):
         q = torch.randn(4, 8, 5, 16, device="cuda")
         positions = torch.randint(0, 64, (4, 5))
         result = apply_rope(q, cos, sin, layout="half", positions=positions.cuda())
         close(result, reference(q, positions[:, None, :], 16, "half"), torch.float32)
-    assert len(triton_rope._launchers) == (1 if triton_rope._RAW_LAUNCH else 0)
+    assert len(grids) == (1 if triton_rope._RAW_LAUNCH else 3)
 
 
 def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
@@ -454,8 +486,8 @@ def test_a_launch_runs_on_its_tensors_device_not_the_current_one(monkeypatch):
 
     q = torch.randn(2, 4, 3, 8)
     cos, sin = generate_rope_embeddings(3, 8)
-    launch = triton_rope.find_plan([q], [None], cos, sin, 8, None).launch(
-        "half", 8, False, None, False, False, False, False, True, None, False)
+    launch = triton_rope.prepare(triton_rope.assess([q], [None], cos, sin, 8, None)[1], [q],
+                                 [None], "half", 8, False, None, None, False, False)
     tensors = (q,) * 6 + (cos, sin, cos, cos, cos)
     arguments = len(tensors) + len(launch.scalars) + len(launch.constexprs)
 
@@ -501,3 +533,26 @@ def test_rows_of_given_positions_equal_the_tables(device):
     for rows, f in ((cos, torch.cos), (sin, torch.sin)):
         assert rows.dtype == torch.float32 and rows.device == device
         torch.testing.assert_close(rows.cpu(), f(table).float(), rtol=0, atol=6e-8)
+
+
+@pytest.mark.parametrize("mode, step, clamp, check, cache_step, half, partial", [
+    (0, False, False, False, False, True, True), (-1, False, False, False, False, False, False),
+    (1, True, False, True, True, True, False), (1, False, True, True, False, False, True),
+    (1, False, False, False, False, True, False), (2, False, False, True, False, False, False)])
+def test_the_kernel_compiles_for_a_gpu_in_each_variant(mode, step, clamp, check, cache_step,
+                                                       half, partial):
+    """What the interpreter cannot check: Triton's compiler takes the kernel (compiled with
+    debug, as a CUDA launch does) in each branch of its constexprs, for a GPU of this
+    project's benchmarks (``triton_probe.TARGET``), bfloat16 tensors, without spilling past
+    the registers a thread can have."""
+    from ropelib.book import triton_probe
+
+    constants = {"HEADS_PER_PROGRAM": 4, "ROTARY": 96 if partial else 128, "HEAD_DIM": 128,
+                 "BLOCK_S": 16, "BLOCK_P": 64, "BLOCK_R": 32 if partial else 0,
+                 "BLOCK_D": 128 if cache_step else 0, "HALF": half, "INVERSE": not half,
+                 "MODE": mode, "STEP": step, "CLAMP": clamp, "CHECK": check}
+    pointers = {"COS": "*fp32", "SIN": "*fp32", "POS": "*i64", "AXES": "*i64", "SLOT": "*i64"}
+    signature = {name: pointers.get(name, "*bf16" if name[0] in "XO" else "i32")
+                 for name in triton_rope._compiled.arg_names if name not in constants}
+    used = triton_probe.resources(triton_rope._compiled, signature, constants, num_warps=8)
+    assert 0 < used["registers"] <= 255
