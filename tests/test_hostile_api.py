@@ -458,7 +458,7 @@ def test_item5_tables_wider_than_the_rotated_pairs(forced, layout):
     got = torch.ops.ropelib.rotate(x, *wide, layout, 8, False, coordinates, None)
     close(got, want)
     k = torch.randn(2, 1, 5, 16)
-    q_rot, k_rot = kernels.rotate_qk(x, k, *wide, layout, 8, False, coordinates, None)
+    q_rot, k_rot = kernels.rotate_each([x, k], [None, None], *wide, layout, 8, False, coordinates)
     close(q_rot, want)
     close(k_rot, rope_by_pairs(k, angles(positions[:, None], thetas(8)), layout))
     rows = [t[positions[:, None]] for t in wide]  # gathered wide rows (2, 1, 5, 7)
