@@ -408,37 +408,51 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                      kernels.UncheckedRange | None]:
     """(cos, sin, coordinates, axes, pending) for the kernels: the rows of x's positions (a
-    view or a gather), or the 2-D tables with coordinates the kernel reads the rows through
-    (``axes``; on a device in eager mode positions and a 0-d offset, their range still
-    ``pending``). ``watched``: ``watcher``'s answer."""
-    traced = watched is not None and tracing()
-    if axes is None and positions is None and type(offset) is int and (
-            cos.ndim == 2 or not offset):  # the rows of x's own positions
-        if cos.ndim == 2:
-            cos, sin = _select_rows(cos, sin, x, None, offset, short_table, traced)
-        return cos, sin, None, None, None
-    deferred = not traced and _on_device(x)
-    if axes is not None:
-        if cos.ndim != 2:
+    slice or a gather, shaped to broadcast against x), or the 2-D tables with coordinates
+    ``(1 or batch, 1, ..., seq, k)`` the kernel reads the rows through (with ``axes``; on a
+    device in eager mode positions and a 0-d offset, their range still ``pending``)."""
+    if cos.ndim != 2:  # rows already gathered
+        if axes is not None:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
                              f"given here are already gathered (shape {tuple(cos.shape)})")
-        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table,
-                                        deferred)
-        return cos, sin, coordinates, axes, _pending(cos, short_table, deferred, False)
-    if cos.ndim == 2:
-        if positions is None and isinstance(offset, torch.Tensor):  # an offset on the device
-            if deferred:
-                return (cos, sin, offset.reshape((1,) * x.ndim), None,
-                        _pending(cos, short_table, True, True))
-            positions, offset = offset + torch.arange(x.shape[-2], device=offset.device), 0
-        if positions is not None and deferred:
-            return (cos, sin, _device_coordinates(positions, x, offset, cos), None,
-                    _pending(cos, short_table, True, False))
-        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table, traced)
-    elif positions is not None or _given(offset):
-        raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
-                         f"are already gathered (shape {tuple(cos.shape)})")
-    return cos, sin, None, None, None
+        if positions is not None or _given(offset):
+            raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
+                             f"are already gathered (shape {tuple(cos.shape)})")
+        return cos, sin, None, None, None
+    traced = watched is not None and tracing()
+    seq, table_len = x.shape[-2], cos.shape[0]
+    if axes is None and positions is None and not isinstance(offset, torch.Tensor):
+        needed = offset + seq  # x's own rows: a slice
+        if not traced and not offset and needed == table_len:
+            return cos, sin, None, None, None  # a graph keeps the slice (other lengths)
+        if needed <= table_len:
+            return cos[offset:needed], sin[offset:needed], None, None, None
+        if short_table == "raise" or table_len == 0:
+            raise ValueError(
+                f"cos has {table_len} rows but positions {offset}..{needed - 1} need "
+                f"{needed} (seq_len={seq}, offset={offset}); generate a longer table, "
+                f"e.g. generate_rope_embeddings({needed}, head_dim)")
+        index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
+        return cos[index], sin[index], None, None, None
+    deferred = not traced and _on_device(x)
+    clamp = short_table == "repeat_last" and table_len > 0
+    if positions is None and axes is None:  # a 0-d offset tensor
+        if deferred:
+            return (cos, sin, offset.reshape((1,) * x.ndim), None,
+                    kernels.UNCHECKED_RANGES[clamp, True])
+        positions, offset = offset + torch.arange(seq, device=offset.device), 0
+    positions, axes = _check_positions(positions, x, offset, table_len, short_table, deferred,
+                                       axes, rd)
+    dims = 1 + (axes is not None)
+    lead = (1,) * (x.ndim - 2) if positions.ndim == dims else (
+        positions.shape[:1] + (1,) * (x.ndim - 3))
+    if axes is not None or deferred:
+        coordinates = positions if axes is not None else positions[..., None]
+        return (cos, sin, coordinates.reshape(lead + coordinates.shape[-2:]).to(cos.device),
+                None if axes is None else axes.to(cos.device),
+                kernels.UNCHECKED_RANGES[clamp, False] if deferred else None)
+    index = positions.reshape(lead + positions.shape[-1:]).to(cos.device)
+    return cos[index], sin[index], None, None, None
 
 
 def _on_device(x: torch.Tensor) -> bool:
@@ -446,12 +460,74 @@ def _on_device(x: torch.Tensor) -> bool:
     return x.device.type != "cpu"
 
 
-def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
-             ) -> kernels.UncheckedRange | None:
-    """What deferred coordinates leave to the kernel; None when checked here."""
-    if not deferred:
-        return None
-    return kernels.UNCHECKED_RANGES[short_table == "repeat_last" and cos.shape[0] > 0, step]
+def _given(offset: int | torch.Tensor) -> bool:
+    """Whether an offset was given (a tensor always counts)."""
+    return isinstance(offset, torch.Tensor) or offset != 0
+
+
+def _check_positions(positions: torch.Tensor | None, x: torch.Tensor, offset: object,
+                     table_len: int, short_table: str, deferred: bool,
+                     axes: object, rd: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(positions, axes) as int64 (uint8 would index as a mask), checked: on the host where
+    they are there, else asserted on their device; ``deferred`` (eager on a device): only
+    their shapes (the kernel checks the values). With ``axes`` (multi-axis) positions are
+    ``(seq, k)`` or ``(batch, seq, k)``; clamped to the table for ``repeat_last``."""
+    seq, batch = x.shape[-2], x.shape[0] if x.ndim >= 3 else "batch"
+    multi = axes is not None
+    if multi:
+        axes = check_int_tensor("axes", axes)
+        if axes.shape != (rd // 2,):
+            raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
+                             f"rotary_dim // 2), got {tuple(axes.shape)}")
+        if positions is None:
+            raise ValueError(f"axes needs multi-axis positions of shape ({seq}, k) or (batch, "
+                             f"{seq}, k)")
+    positions = check_int_tensor("positions", positions)
+    dims = 1 + multi
+    if not (positions.ndim == dims or positions.ndim == dims + 1 and x.ndim >= 3
+            and positions.shape[0] in (1, x.shape[0])) or positions.shape[-dims] != seq or (
+            multi and positions.shape[-1] < 1):
+        one, two = (", k", ", k") if multi else (",", "")
+        raise ValueError(f"positions{' with axes' if multi else ''} must have shape (seq_len"
+                         f"{one}) = ({seq}{one}) or (batch, seq_len{two}) = ({batch}, {seq}"
+                         f"{two}), got {tuple(positions.shape)}")
+    if _given(offset):
+        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
+                         "add the offset to positions instead")
+    if deferred:
+        return positions, axes
+    k = positions.shape[-1]
+    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
+        if multi:
+            torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+        if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
+            positions = traced_nonnegative(positions)
+        within = positions >= 0
+        if short_table == "raise":
+            within &= positions < table_len
+        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
+                            "length (rows 0 .. table_len - 1)")
+    else:
+        bounds = [*torch.aminmax(axes)] if multi else []
+        if positions.numel():
+            bounds += [t.to(bounds[0].device) if multi else t for t in torch.aminmax(positions)]
+        bounds = torch.stack(bounds).tolist() if bounds else []  # one read of the device
+        if multi and (bounds[0] < 0 or bounds[1] >= k):
+            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
+                             f"got values in [{bounds[0]}, {bounds[1]}]")
+        if positions.numel():
+            low, high = bounds[-2:]
+            if low < 0:
+                raise ValueError(f"positions must be >= 0, got min {low}")
+            if high >= table_len and (short_table == "raise" or not table_len):
+                longer = (f"RotaryEmbedding.tables({high + 1})" if multi
+                          else f"generate_rope_embeddings({high + 1}, head_dim)")
+                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
+                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
+                                 f"a longer table, e.g. {longer}")
+    if short_table == "repeat_last" and table_len:
+        positions = positions.clamp_max(table_len - 1)
+    return positions, axes
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -567,144 +643,3 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         raise ValueError(f"{name} has elements that share memory (stride 0 in a dim of size "
                          f"> 1, strides {strides}, e.g. from expand); pass a buffer made with "
                          f"torch.empty_like({x_name})")
-
-
-def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                 positions: torch.Tensor | None, offset: int, short_table: str, traced: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the 2-D tables for x's positions, shaped to broadcast against x: a slice
-    (no copy) for ``offset .. offset + seq - 1``, else a gather."""
-    seq_len, table_len = x.shape[-2], cos.shape[0]
-    if positions is None:
-        needed = offset + seq_len
-        if not traced and not offset and needed == table_len:
-            return cos, sin  # a graph keeps the slice: it runs again with other lengths
-        if needed <= table_len:
-            return cos[offset:needed], sin[offset:needed]
-        if short_table == "raise" or table_len == 0:
-            raise ValueError(
-                f"cos has {table_len} rows but positions {offset}..{needed - 1} need "
-                f"{needed} (seq_len={seq_len}, offset={offset}); generate a longer table, "
-                f"e.g. generate_rope_embeddings({needed}, head_dim)")
-        index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
-        return cos[index], sin[index]
-    index = _check_positions(positions, x, offset, table_len, short_table).to(cos.device)
-    if short_table == "repeat_last":
-        index = index.clamp_max(table_len - 1)
-    if positions.ndim == 2:
-        index = index.reshape(index.shape[:1] + (1,) * (x.ndim - 3) + index.shape[1:])
-    return cos[index], sin[index]
-
-
-def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, rd: int,
-                offset: int, cos: torch.Tensor, short_table: str, deferred: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-axis positions (shaped ``(1 or batch, 1, ..., seq, k)``, clamped for
-    ``repeat_last``) and axes ``(rd // 2,)``, checked, int64 on the tables' device;
-    ``deferred``: only their shapes checked (the kernel checks the values)."""
-    axes = check_int_tensor("axes", axes)
-    if axes.shape != (rd // 2,):
-        raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
-                         f"rotary_dim // 2), got {tuple(axes.shape)}")
-    seq_len, table_len = x.shape[-2], cos.shape[0]
-    if positions is None:
-        raise ValueError(f"axes needs multi-axis positions of shape ({seq_len}, k) or (batch, "
-                         f"{seq_len}, k)")
-    positions = check_int_tensor("positions", positions)
-    batched = positions.ndim == 3 and x.ndim >= 3 and positions.shape[0] in (1, x.shape[0])
-    if not (positions.ndim == 2 or batched) or positions.shape[-2] != seq_len or (
-            positions.shape[-1] < 1):
-        raise ValueError(f"positions with axes must have shape (seq_len, k) = ({seq_len}, k) "
-                         f"or (batch, seq_len, k) = "
-                         f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}, k), got "
-                         f"{tuple(positions.shape)}")
-    if _given(offset):
-        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
-                         "add the offset to positions instead")
-    k = positions.shape[-1]
-    if tracing() or (_on_device(positions) and not deferred):  # no data-dependent branch
-        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
-        positions = traced_nonnegative(positions)
-        if short_table == "raise":
-            torch._assert_async((positions < table_len).all(),
-                                "positions must be < the cos/sin table length")
-    elif not deferred:
-        bounds = [*torch.aminmax(axes)]
-        if positions.numel():
-            bounds += [t.to(axes.device) for t in torch.aminmax(positions)]
-        bounds = torch.stack(bounds).tolist()  # one read of the device, not four
-        low, high = bounds[:2]
-        if low < 0 or high >= k:
-            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
-                             f"got values in [{low}, {high}]")
-        if positions.numel():
-            low, high = bounds[2:]
-            if low < 0:
-                raise ValueError(f"positions must be >= 0, got min {low}")
-            if high >= table_len and (short_table == "raise" or not table_len):
-                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
-                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
-                                 f"a longer table, e.g. RotaryEmbedding.tables({high + 1})")
-    if short_table == "repeat_last" and not deferred:
-        positions = positions.clamp_max(table_len - 1)
-    lead = (1,) * (x.ndim - positions.ndim) if positions.ndim == 2 else (
-        positions.shape[:1] + (1,) * (x.ndim - 3))
-    positions = positions.reshape(lead + positions.shape[-2:])
-    return positions.to(cos.device), axes.to(cos.device)
-
-
-def _given(offset: int | torch.Tensor) -> bool:
-    """Whether an offset was given (a tensor always counts)."""
-    return isinstance(offset, torch.Tensor) or offset != 0
-
-
-def _device_coordinates(positions: torch.Tensor, x: torch.Tensor, offset: int,
-                        cos: torch.Tensor) -> torch.Tensor:
-    """Positions ``(seq,)`` or ``(batch, seq)`` on a GPU as coordinates ``(1 or batch, 1,
-    ..., seq, 1)`` the kernel reads the rows through (range still pending)."""
-    positions = _check_positions(positions, x, offset, cos.shape[0], "raise", deferred=True)
-    if positions.device != cos.device:
-        positions = positions.to(cos.device)
-    lead = (1,) * (x.ndim - 2) if positions.ndim == 1 else (
-        positions.shape[:1] + (1,) * (x.ndim - 3))
-    return positions.reshape(lead + positions.shape[-1:] + (1,))
-
-
-def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
-                     short_table: str, deferred: bool = False) -> torch.Tensor:
-    """positions as int64 (uint8 would index as a mask), checked: on the host when they
-    are there, else asserted on their device; ``deferred``: only their shape."""
-    positions = check_int_tensor("positions", positions)
-    seq_len = x.shape[-2]
-    ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
-                                       and positions.shape[0] in (1, x.shape[0]))
-    if not ok_shape or positions.shape[-1] != seq_len:
-        raise ValueError(
-            f"positions must have shape (seq_len,) = ({seq_len},) or (batch, seq_len) = "
-            f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}), got {tuple(positions.shape)}")
-    if _given(offset):
-        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
-                         "add the offset to positions instead")
-    if deferred:
-        return positions
-    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
-        if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
-            positions = traced_nonnegative(positions)
-        within = positions >= 0
-        if short_table == "raise":
-            within &= positions < table_len
-        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
-                            "length (rows 0 .. table_len - 1)")
-        return positions
-    if positions.numel() == 0:
-        return positions
-    low, high = torch.stack(torch.aminmax(positions)).tolist()  # one read of the device
-    if low < 0:
-        raise ValueError(f"positions must be >= 0, got min {low}")
-    if high >= table_len and short_table == "raise":
-        raise ValueError(f"positions go up to {high} but the cos/sin table has only {table_len} "
-                         f"rows (positions 0..{table_len - 1}); generate a longer table, "
-                         f"e.g. generate_rope_embeddings({high + 1}, head_dim)")
-    return positions
-
-
