@@ -115,7 +115,7 @@ def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
                 pending: UncheckedRange | None = None) -> list[Tensor]:
     """x (or q and k) rotated into ``outs`` (None: new; given: ``inverse`` is False), by the
     implementation when ``plain_call``, else by the operator. Returns the results."""
-    written = [out for out in outs if out is not None]
+    written = () if outs[0] is None else outs
     if plain_call(*xs, cos, sin, *written, positions, axes):
         if written:
             check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
@@ -123,7 +123,7 @@ def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
                            pending)
         if written:
             torch.autograd.graph.increment_version(written)
-        return list(done)
+        return done
     positions = resolve_pending(xs[0], cos, positions, axes, pending)
     ops = torch.ops.ropelib
     if written:
@@ -208,7 +208,7 @@ def _save(ctx, inputs: tuple, output) -> None:
     tables = ctx.needs[2] or ctx.needs[3]
     ctx.save_for_backward(q if tables else None, k if tables else None, cos, sin, positions,
                           axes)
-    if not tables and k is not None:
+    if not tables and k is not None and not (ctx.needs[0] and ctx.needs[1]):
         ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
             output, ctx.needs[:2], strict=True) if not needs))
 
@@ -217,10 +217,12 @@ def _backward(ctx, *grads: Tensor) -> tuple:
     """dL/dx = R_Theta^T g = R_{-Theta} g: the same rotation inverted (differentiable again);
     the tables' grads from the pairs of x and g (``_table_grads``)."""
     q, k, cos, sin, positions, axes = ctx.saved_tensors
-    grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads[:ctx.count]]
+    grads = grads[:ctx.count]
+    if grads[-1].stride(-1) != 1 or grads[0].stride(-1) != 1:  # a sum's grad: stride 0
+        grads = [g.contiguous() for g in grads]
     result = [None] * 4
     if ctx.needs[0] or ctx.needs[1]:
-        result[:ctx.count] = rotate_each(grads, [None] * ctx.count, cos, sin, ctx.layout,
+        result[:ctx.count] = rotate_each(grads, (None,) * ctx.count, cos, sin, ctx.layout,
                                          ctx.rotary_dim, not ctx.inverse, positions, axes,
                                          ctx.pending)
     if ctx.needs[2] or ctx.needs[3]:

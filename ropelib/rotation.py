@@ -240,8 +240,8 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
             raise ValueError(f"gathered cos/sin {tuple(cos.shape)} have a heads dim of "
                              f"{cos.shape[-3]}, which k's {k.shape[-3]} heads cannot share; "
                              "pass rows broadcast over the heads (size 1 there)")
-    for (name, x_name), t, out in zip(kernels.OUT_NAMES[len(xs)], xs, outs, strict=True):
-        if out is not None:
+    if outs[0] is not None:
+        for (name, x_name), t, out in zip(kernels.OUT_NAMES[len(xs)], xs, outs, strict=True):
             _check_out(out, t, cos, sin, name, x_name, inplace)
     cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
                                                  short_table, axes, watched)
@@ -259,7 +259,8 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
         coordinates = kernels.resolve_pending(x, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in xs]
-        return rotated if outs[0] is None else [o.copy_(r) for o, r in zip(outs, rotated, strict=True)]
+        return rotated if outs[0] is None else [
+            o.copy_(r) for o, r in zip(outs, rotated, strict=True)]
     if outs[0] is None and watched is None and torch.is_grad_enabled() and (
             x.requires_grad or xs[-1].requires_grad or cos.requires_grad or sin.requires_grad):
         if not (cos.requires_grad or sin.requires_grad):  # an eager training step
