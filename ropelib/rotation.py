@@ -43,6 +43,7 @@ Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
 MAX_PLANS = 512  # signatures kept; the dict is emptied when full (a plan is cheap to remake)
 _OPTION_TYPES = (str, int, bool, type(None))
+Tensor = torch.Tensor
 
 
 def apply_rope(
@@ -275,10 +276,9 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
 
 
 class Plan(NamedTuple):
-    """A signature's plan: ``kernel`` (the Triton backend) runs such calls with its prepared
-    ``launch`` (None: empty tensors), or None: another backend takes them (the full path).
-    ``extents``: the bytes each tensor of ``_kept_apart`` spans; ``in_place``: every
-    destination is its x."""
+    """A signature's plan: ``kernel`` (the Triton backend) and its prepared ``launch`` (None:
+    empty tensors), or kernel None: another backend takes such calls (the full path);
+    ``extents``: the bytes each tensor of ``_kept_apart`` spans; ``in_place``: outs are xs."""
 
     kernel: ModuleType | None
     launch: object = None
@@ -291,14 +291,12 @@ _plans: dict[tuple, Plan] = {}
 
 def _signature(xs: tuple, outs: tuple, given: tuple, options: tuple, positions: object = None,
                offset: object = 0) -> tuple[tuple | None, Plan | None]:
-    """(the key, the plan kept under it or None) of a device call: ``ROPELIB_BACKEND``, the
-    options, whether it is in place, and each tensor's shape, strides, dtype, device and
-    negation bit (``given``: the caller's cos, sin, coordinates, axes and a cache's slot).
-    (None, None) for a call that takes no plan: anybody watching, a tensor recording autograd
-    or not a plain tensor, an int offset other than 0 (its rows are a value's slice)."""
+    """(key, the plan kept under it or None) of a device call: ``ROPELIB_BACKEND``, options,
+    in place or not, and each tensor's shape, strides, dtype, device and negation bit
+    (``given``: the caller's cos, sin, coordinates, axes, slot). (None, None) where no plan
+    serves: anybody watching, autograd, a tensor subclass, an int offset other than 0."""
     grad = torch.is_grad_enabled()
-    if ((grad and xs[0].requires_grad)
-            or watcher(*xs, *given, written=outs) is not None
+    if ((grad and xs[0].requires_grad) or watcher(*xs, *given, written=outs) is not None
             or not ((type(offset) is int and offset == 0)
                     or (isinstance(offset, torch.Tensor) and positions is None))):
         return None, None
@@ -317,14 +315,14 @@ def _signature(xs: tuple, outs: tuple, given: tuple, options: tuple, positions: 
     return key, _plans.get(key)
 
 
-def _make_plan(key: tuple, xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor,
-               layout: str, rd: int, coordinates: torch.Tensor | None,
-               axes: torch.Tensor | None, pending: kernels.UncheckedRange | None, given: tuple,
-               slot: torch.Tensor | None = None) -> Plan | None:
+def _make_plan(key: tuple, xs: tuple, outs: tuple, cos: Tensor, sin: Tensor, layout: str,
+               rd: int, coordinates: Tensor | None, axes: Tensor | None,
+               pending: kernels.UncheckedRange | None, given: tuple,
+               slot: Tensor | None = None) -> Plan | None:
     """The plan of a checked call, kept under ``key``: the Triton kernel's prepared launch
-    where the backend has ``prepare`` and each operand starts at its caller's tensor
-    (``given``: later launches take those), else ``Plan(None)``; None when the backend
-    refuses the call (the full path raises it)."""
+    where each operand starts at its caller's tensor (``given``: later launches take
+    those), else ``Plan(None)``; None when the backend refuses the call (the full path
+    raises)."""
     try:
         backend, assessed = kernels.choose_backend(xs, outs, cos, sin, rd, coordinates)
     except ValueError:
@@ -345,19 +343,19 @@ def _make_plan(key: tuple, xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch
     return plan
 
 
-def _run_plan(plan: Plan, xs: tuple, outs: tuple, given: tuple) -> list[torch.Tensor]:
-    """A call on its ``plan``: its addresses checked (exactly where the spans of the tensors
-    it keeps apart meet), one launch, the destinations' version counters bumped. Returns
-    the destinations (new ones for None)."""
+def _run_plan(plan: Plan, xs: tuple, outs: tuple, given: tuple) -> list[Tensor]:
+    """A planned call: its addresses checked (exactly where the spans of ``_kept_apart``
+    meet), one launch, the destinations' versions bumped. Returns the outputs."""
     cos, sin, coordinates, axes = given[:4]
     slot = given[4] if len(given) > 4 else None
     written = outs[1:] if slot is not None else outs if outs[0] is not None else ()
-    if written and (not _apart(plan, _kept_apart(xs, outs, cos, sin, plan.in_place))
-                    or written[0].is_inference() or written[-1].is_inference()):
-        if slot is not None:
-            _check_caches_apart(outs[1], outs[2])
-        else:
-            kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
+    if written:
+        if not _apart(plan, _kept_apart(xs, outs, cos, sin, plan.in_place)) or (
+                written[0].is_inference() or written[-1].is_inference()):
+            if slot is not None:
+                _check_caches_apart(outs[1], outs[2])
+            else:
+                kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
     done = [new_output(x) if o is None else o for x, o in zip(xs, outs, strict=True)]
     plan.kernel.launch(plan.launch, xs, done, cos, sin, coordinates, axes, slot)
     if written:
@@ -365,21 +363,20 @@ def _run_plan(plan: Plan, xs: tuple, outs: tuple, given: tuple) -> list[torch.Te
     return done
 
 
-def _kept_apart(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor,
-                in_place: bool) -> tuple[torch.Tensor, ...]:
-    """The tensors whose memory a call must keep apart: x's, the tables and the destinations
-    given (none in place, nothing for new ones); a cache step's two caches."""
+def _kept_apart(xs: tuple, outs: tuple, cos: Tensor, sin: Tensor,
+                in_place: bool) -> tuple[Tensor, ...]:
+    """The tensors a call must keep apart: x's, tables and destinations given (none in place,
+    nothing for new ones); a cache step's two caches."""
     if outs[0] is None:
         return tuple(o for o in outs if o is not None)
     return (*xs, cos, sin) if in_place else (*xs, *outs, cos, sin)
 
 
-def _apart(plan: Plan, tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether ``tensors`` span addresses of which no two meet, each from its first element
-    over ``plan.extents`` bytes; where two meet, the exact checks decide."""
-    spans = sorted(zip(map(torch.Tensor.data_ptr, tensors), plan.extents, strict=True))
+def _apart(plan: Plan, tensors: Sequence[Tensor]) -> bool:
+    """Whether ``tensors``, each spanning ``plan.extents`` bytes from its address, meet
+    nowhere; where two meet, the exact checks decide."""
     last = 0
-    for start, extent in spans:
+    for start, extent in sorted(zip(map(Tensor.data_ptr, tensors), plan.extents, strict=True)):
         if start < last:
             return False
         last = start + extent
