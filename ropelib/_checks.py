@@ -123,7 +123,8 @@ def check_int_tensor(name: str, t: object) -> torch.Tensor:
     """t as int64 positions from any integer dtype (uint8 would index as a mask; uint64 past
     2^63 - 1 turns negative and is refused as a negative position)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integer positions, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of integer positions, got "
+                        f"{type(t).__name__}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer positions, got dtype {t.dtype}; use .long() "
                         "(every integer dtype is accepted)")

@@ -341,12 +341,6 @@ def resolve_pending(x: Tensor, cos: Tensor, positions: Tensor | None, axes: Tens
     return positions
 
 
-def backend_for(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
-                rotary_dim: int, positions: Tensor | None = None) -> ModuleType:
-    """The backend module that runs this call (``choose_backend``'s)."""
-    return choose_backend(xs, outs, cos, sin, rotary_dim, positions)[0]
-
-
 def choose_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor,
                    sin: Tensor, rotary_dim: int, positions: Tensor | None = None
                    ) -> tuple[ModuleType, object]:

@@ -135,7 +135,7 @@ def test_item6_triton_merges_each_tensors_leading_dims_on_its_own(monkeypatch, l
     strided = torch.randn(2, 6, 2, 16).transpose(1, 2)  # (B, H, S, D) view of (B, S, H, D)
     q, k = (strided, contiguous) if k_first else (contiguous, strided)
     rows = cos[:6], sin[:6]
-    assert kernels.backend_for([q, k], [None, None], *rows, 16).NAME == "triton"
+    assert kernels.choose_backend([q, k], [None, None], *rows, 16)[0].NAME == "triton"
     q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout)
     close(q_rot, expected(q, range(6), 16, layout))
     close(k_rot, expected(k, range(6), 16, layout))
