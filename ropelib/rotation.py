@@ -6,12 +6,13 @@ b' = a sin(m theta_i) + b cos(m theta_i), the block-diagonal R_{Theta,m} of RoFo
 (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
 The top layer: rotation (here) -> distributed (DTensor calls) -> kernels (operators,
-autograd, backend choice) -> native | triton_rope | eager -> _checks. Each public function
-checks what is its own and calls ``_rotate`` (``rotate_cache`` for a decode step's cache
-write), which checks the rest, selects the table rows (a view, a gather, or positions handed
-on for the kernel to read) and takes the route ``watcher`` answers. On the device route a
-call's signature keys a ``Plan`` in ``_plans``: the first call checks everything and keeps the
-Triton launch; a later call checks only its addresses and launches.
+autograd, backend choice) -> native | triton_rope | eager -> _checks. ``apply_rope`` and
+``apply_rope_qk`` check what is theirs and call ``_rotate``, which checks the rest, selects
+the table rows (``_rows``: a view, a gather, or positions handed on for the kernel to read)
+and takes the route ``watcher`` answers; ``apply_rope_qk_to_cache`` shares the checks, rows
+and plans and ends in ``kernels.rotate_qk_cache``. On the device route a call's signature
+keys a ``Plan`` in ``_plans``: the first call checks everything and keeps the Triton launch;
+a later call checks only its addresses and launches.
 """
 
 from __future__ import annotations
@@ -84,10 +85,9 @@ def apply_rope(
             rows itself, a tile of tokens at a time, without gathering them first.
 
     Returns:
-        A new tensor with x's shape and dtype, or ``out``. On a GPU it keeps x's memory
-        layout where x is dense with contiguous channels (a ``(batch, seq, heads, dim)``
-        view stays one, as with PyTorch's elementwise operations); on the CPU it is
-        contiguous.
+        A new tensor with x's shape and dtype, or ``out``: on a GPU in x's memory layout
+        where x is dense with contiguous channels (a ``(batch, seq, heads, dim)`` view stays
+        one, as with PyTorch's elementwise operations), on the CPU contiguous.
     """
     return _rotate((x,), (out,), cos, sin, layout, positions, offset, rotary_dim, short_table,
                    axes)[0]
@@ -135,12 +135,10 @@ def apply_rope_qk_to_cache(
     rotary_dim: int | None = None, short_table: Literal["raise", "repeat_last"] = "raise",
 ) -> torch.Tensor:
     """One decode step's RoPE and KV-cache write: q rotated, k rotated straight into its
-    cache slots ``cache_position + 0 .. n - 1`` and v copied into the same slots.
-
-    On a GPU in eager mode this is one launch of the Triton kernel (``cache_position`` and
-    the positions read and range-checked on the device, so the step can be captured in a
-    CUDA graph); on the CPU the compiled loop rotates k into its slots and v is copied;
-    compiled, traced or under autograd the rotation is followed by ``index_copy_``.
+    cache slots ``cache_position + 0 .. n - 1`` and v copied into the same slots: one
+    Triton launch on a GPU in eager mode (slot and positions read and range-checked on the
+    device: the step can be captured in a CUDA graph), the compiled loop into the slots on
+    the CPU, the rotation then ``index_copy_`` when compiled, traced or under autograd.
 
     Args:
         q: ``(..., heads_q, n, head_dim)``.
@@ -150,17 +148,15 @@ def apply_rope_qk_to_cache(
             broadcast to q and k).
         key_cache, value_cache: ``(..., heads_k, capacity, head_dim)``, k's dtype and device.
         cache_position: the slot of the first new token, a 0-d integer tensor.
-        positions: ``(n,)`` or ``(batch, n)``; default (2-D tables) the slots
-            ``cache_position + 0 .. n - 1``.
+        positions: ``(n,)`` or ``(batch, n)``; default (2-D tables) the slots.
 
     Returns:
-        q rotated, a new tensor (laid out as ``apply_rope``'s); the caches are written in
-        place.
+        q rotated, a new tensor (laid out as ``apply_rope``'s); the caches written in place.
 
     Raises:
-        ValueError: before anything is written, for arguments of the wrong shape, dtype or
-            device, caches of two capacities or sharing memory, and (where they are on the
-            host) slots outside the capacity or positions outside the table.
+        ValueError: before anything is written: arguments of the wrong shape, dtype or
+            device, caches of two capacities or sharing memory, and (where on the host)
+            slots outside the capacity or positions outside the table.
     """
     xs, outs = (q, k, v), (None, key_cache, value_cache)
     slots_are_positions = positions is None and isinstance(cos, torch.Tensor) and cos.ndim == 2
