@@ -1,8 +1,7 @@
-"""Argument checks shared by the public functions, and what every layer of the rotation
-asks alike (``watcher``: who watches a call; ``new_output``: the layout of a new output).
-
-Every message names the argument, what was seen and what was expected. This module is the
-bottom of the rotation's layers: it imports no other module of ropelib.
+"""Argument checks shared by ropelib's public functions, and what every layer of the
+rotation asks alike: ``watcher`` (who watches a call) and ``new_output`` (a new output's
+layout). The bottom layer: it imports no other module of ropelib. Every message names the
+argument, what was seen and what was expected.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ def check_layout(layout: str) -> None:
 
 def tracing() -> bool:
     """Whether a compiler or tracer records the call (``torch.compile``, ``torch.export``,
-    ``torch.jit.trace``): sizes may then be symbolic and tensor values unknown, so nothing
-    may branch on them. Checks that only guard against misuse are skipped or become
-    runtime assertions there; the computation is never skipped."""
+    ``torch.jit.trace``): sizes may be symbolic and values unknown, so nothing branches on
+    them; misuse checks become runtime assertions or are skipped."""
     return is_compiling() or is_tracing()
 
 
@@ -37,32 +35,18 @@ _PROBE = torch.empty(0)  # watcher's question to forward AD
 
 
 def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
-    """Who watches a call with these tensors (anything else, such as None for an optional
-    tensor not given, is passed over) and with the destinations ``written``: the one answer
-    every entry of ropelib acts on (the pattern of flash-attention's PR 2823).
-
-    - None: nobody, an eager call of plain ``torch.Tensor`` s: the kernel is launched
-      directly, without the dispatcher's layers;
-    - ``"dispatcher"``: a compiler or tracer (``torch.compile``, ``torch.export``,
-      ``torch.jit.trace``), a ``TorchDispatchMode``, or a tensor of a subclass (a DTensor,
-      a fake tensor, a Parameter): the call goes through the registered operators
-      (``ropelib::rotate`` and its siblings), which they see as one node;
-    - ``"transform"``: a ``torch.func`` transform (vmap, grad, jvp, ...: a tensor read is
-      its wrapper, which has no storage of its own, also one kept after its transform
-      ended) or forward-mode AD (a tensor read carries a tangent): the rotation runs as PyTorch
-      operations (``eager.rotate_composite``), which the transform batches and
-      differentiates.
-
-    Asked without ``torch._C``: public functions, and ``is_in_torch_dispatch_mode`` from
-    ``torch.utils._python_dispatch``, the module of the documented ``TorchDispatchMode``
-    (PyTorch has no public way to ask whether a mode is active)."""
+    """Who watches a call with these tensors (non-tensors passed over) and destinations
+    ``written``, the one answer every layer acts on (flash-attention's PR 2823 pattern):
+    None: nobody (an eager call of plain tensors: the kernel is launched directly);
+    ``"dispatcher"``: a compiler, tracer, ``TorchDispatchMode`` or tensor subclass (DTensor,
+    fake tensor, Parameter): the registered operators, one node for them; ``"transform"``:
+    a ``torch.func`` transform (a wrapper without storage, also one left over) or forward AD
+    (a tangent): PyTorch operations (``eager.rotate_composite``). No ``torch._C``; the
+    dispatch-mode question comes from ``torch.utils._python_dispatch`` (no public one)."""
     if is_compiling() or is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
-    # With no forward-AD level active unpack_dual returns its tensor itself, with one a view:
-    # one call tells whether any tensor can carry a tangent. Were it to return a view always,
-    # every tensor read would be asked (right, only slower); were it to return a plain
-    # tensor itself under a level, tangents would go unseen: tests/test_call_path.py's
-    # tangent on cos after plain calls fails then.
+    # unpack_dual returns its tensor itself with no forward-AD level active, else a view:
+    # one call tells whether any tensor can carry a tangent (tests/test_call_path.py).
     dual = unpack_dual(_PROBE).primal is not _PROBE
     subclass = False
     for t in tensors:
@@ -83,8 +67,8 @@ def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
 
 
 def as_int(value: object) -> int | None:
-    """value as a Python int if it is an integer: a Python or NumPy integer, or a 0-d
-    integer tensor; None for anything else, bools included."""
+    """value as an int if it is a Python or NumPy integer or a 0-d integer tensor; else None
+    (bools included)."""
     if type(value) is int:
         return value
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and (
@@ -97,7 +81,7 @@ def as_int(value: object) -> int | None:
 
 
 def check_even_positive(name: str, value: int) -> int:
-    """value as an int (NumPy integers accepted) if it is positive and even."""
+    """value as an int (NumPy integers accepted) if positive and even."""
     number = as_int(value)
     if number is None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -109,8 +93,7 @@ def check_even_positive(name: str, value: int) -> int:
 
 
 def check_count(name: str, value: object, *, zero: bool = False, extra: str = "") -> int:
-    """value as an int (NumPy integers accepted) if it is positive (or 0 with ``zero``),
-    else a ValueError naming it; ``extra`` is appended to what is expected."""
+    """value as an int if positive (or 0 with ``zero``); ``extra`` is added to the expected."""
     number = as_int(value)
     if number is None or number < (0 if zero else 1):
         what = "a non-negative int" if zero else "a positive int"
@@ -137,11 +120,11 @@ _FLOAT_NAMES = "float16, bfloat16, float32 or float64"
 
 
 def check_int_tensor(name: str, t: object) -> torch.Tensor:
-    """t as int64 positions: a tensor of any integer dtype (uint8 included, which would
-    otherwise index as a boolean mask; uint64 beyond 2^63 - 1 turns negative and is
-    refused as a negative position by the callers)."""
+    """t as int64 positions from any integer dtype (uint8 would index as a mask; uint64 past
+    2^63 - 1 turns negative and is refused as a negative position)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integer positions, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of integer positions, got "
+                        f"{type(t).__name__}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer positions, got dtype {t.dtype}; use .long() "
                         "(every integer dtype is accepted)")
@@ -156,8 +139,8 @@ def check_base(base: float) -> None:
 
 
 def check_table_pair(cos: object, sin: object) -> None:
-    """cos and sin as one pair of tables: tensors of one shape, dtype and device. The
-    operators' loops read both with cos's sizes, so a shorter sin would be read past its end."""
+    """cos and sin as one pair: tensors of one shape, dtype and device (the loops read both
+    with cos's sizes)."""
     if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
         seen = type(sin if isinstance(cos, torch.Tensor) else cos).__name__
         raise TypeError(f"cos and sin must be torch.Tensors, got {seen}")
@@ -168,7 +151,7 @@ def check_table_pair(cos: object, sin: object) -> None:
 
 
 def check_index_tensor(name: str, t: object, device: torch.device) -> None:
-    """t is an integer tensor (not bool) on ``device``, the device of the tables it indexes."""
+    """t is an integer tensor (not bool) on ``device``, the tables' device."""
     if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or (
             t.dtype == torch.bool):
         seen = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
@@ -178,10 +161,8 @@ def check_index_tensor(name: str, t: object, device: torch.device) -> None:
 
 
 def broadcasts(shape: torch.Size, target: tuple[int, ...], last: int = 0) -> bool:
-    """Whether ``shape[:last]`` broadcasts to ``target[:last]`` (aligned at the end, size 1
-    or equal in every dim, no more dims than the target); with ``last`` 0 the whole shapes:
-    ``torch.broadcast_shapes(shape, target) == target`` without its Python (19 us a call
-    on a 2-core VM, symbolic shapes)."""
+    """Whether ``shape[:last]`` broadcasts to ``target[:last]`` (whole shapes for 0): what
+    ``torch.broadcast_shapes`` says, without its Python cost, for symbolic shapes too."""
     n = len(shape) + last
     if n > len(target) + last:
         return False
@@ -194,12 +175,10 @@ def broadcasts(shape: torch.Size, target: tuple[int, ...], last: int = 0) -> boo
 def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                             rotary_dim: int, out: torch.Tensor | None,
                             positions: torch.Tensor | None, axes: torch.Tensor | None) -> None:
-    """What the rotation operators (``ropelib::rotate``, ``ropelib::rotate_out`` and, for q
-    and for k, the q-and-k ones) need before their loop runs, so that it reads and writes
-    only inside the tensors it is given: one pair of tables on x's device with (at least)
-    ``rotary_dim // 2`` columns; rows broadcastable to x's rows, or (with ``positions``) 2-D
-    tables, coordinates ``(..., seq, k)`` with x's number of dims broadcastable to x's rows,
-    and one axis per pair (none: k is 1); ``out`` of x's shape, dtype and device."""
+    """What the rotation operators need before their loop runs, so it stays inside its
+    tensors: one table pair on x's device with >= ``rotary_dim // 2`` columns; rows that
+    broadcast to x's, or 2-D tables with coordinates ``(..., seq, k)`` of x's dims and one
+    axis per pair (none: k is 1); ``out`` of x's shape, dtype and device."""
     check_table_pair(cos, sin)
     shape, table = x.shape, cos.shape
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > shape[-1]:
@@ -240,10 +219,8 @@ def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 def check_coordinates(positions: torch.Tensor, axes: torch.Tensor | None,
                       table_len: int) -> None:
-    """The rotation operators' coordinates on the CPU: each in ``[0, table_len)`` (the
-    table's rows) and each axis in ``[0, k)``, else a ValueError naming both ranges. Every
-    CPU backend refuses them so (the compiled loop as it reads each row); on a GPU their
-    rows become NaN instead (nothing is read back to check them)."""
+    """The operators' coordinates on the CPU: in ``[0, table_len)`` and axes in ``[0, k)``,
+    else a ValueError naming both ranges (on a GPU their rows would be NaN)."""
     k = positions.shape[-1]
     bounds = [*torch.aminmax(positions)] if positions.numel() else []
     if axes is not None and axes.numel():
@@ -259,9 +236,8 @@ def check_coordinates(positions: torch.Tensor, axes: torch.Tensor | None,
 
 @torch.library.custom_op("ropelib::nonnegative", mutates_args=())
 def _nonnegative(positions: torch.Tensor) -> torch.Tensor:
-    """A copy of ``positions`` after checking that none is negative, as an operator:
-    ``torch.jit.trace`` drops ``torch._assert_async`` from its graph, but keeps an operator
-    whose result the graph uses."""
+    """A copy of ``positions`` checked to be >= 0, as an operator: ``torch.jit.trace`` drops
+    ``torch._assert_async`` but keeps an operator whose result the graph uses."""
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
     return positions.clone()
@@ -273,9 +249,8 @@ def _nonnegative_fake(positions: torch.Tensor) -> torch.Tensor:
 
 
 def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
-    """``positions``, checked to be >= 0 by the recorded graph when one is being recorded: an
-    assertion under ``torch.compile`` / ``torch.export``, the operator ``ropelib::nonnegative``
-    in its data flow under ``torch.jit.trace`` (which would drop the assertion)."""
+    """``positions`` checked >= 0 by the graph being recorded: an assertion under
+    ``torch.compile`` / ``torch.export``, ``ropelib::nonnegative`` under ``torch.jit.trace``."""
     if is_tracing():
         return torch.ops.ropelib.nonnegative(positions)
     torch._assert_async((positions >= 0).all(), "positions must be >= 0")
@@ -283,12 +258,9 @@ def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
 
 
 def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
-    """The new output of a rotation of x, every backend's and the operators' fake one: on a
-    GPU in x's memory layout where x is dense with contiguous channels, as PyTorch's
-    elementwise operations make theirs (a ``(batch, seq, heads, dim)`` view stays one, so
-    attention reads it and its output without a copy), else contiguous (the CPU's compiled
-    loop writes rows in order). ``gpu``: whether x counts as on a GPU (default: x's device;
-    the Triton backend plans launches on meta tensors)."""
+    """A new output for x's rotation (every backend's and the fakes'): on a GPU in x's
+    layout where x is dense with contiguous channels (as PyTorch's elementwise operations),
+    else contiguous. ``gpu``: whether x counts as on a GPU (default: its device)."""
     keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
     return torch.empty_like(x, memory_format=torch.preserve_format if keep
                             else torch.contiguous_format)

@@ -1,42 +1,17 @@
-"""The rotation as PyTorch operators, and the one choice of the backend that runs it.
+"""The rotation's operators, their autograd formula, and the choice of a backend per call.
 
-A call of ``apply_rope`` comes down here once, with its rows or positions prepared by
-``ropelib.rotation``, and goes to exactly one backend, chosen here per call (``backend_for``):
+Layers (imports go down only): rotation (public functions, checks, rows, plans) ->
+distributed (DTensor calls) -> kernels (here) -> native | triton_rope | eager -> _checks.
 
-- ``native`` (``ropelib.native``): the compiled C loop, on the CPU, float32/float64/bfloat16;
-- ``triton`` (``ropelib.triton_rope``): the Triton kernel on a GPU (float32, bfloat16,
-  float16), q and k in one launch; Triton is imported when the first CUDA tensor arrives;
-- ``eager`` (``ropelib.eager``): PyTorch operations, everywhere else.
-
-Every backend module has the same interface, and this module treats them alike:
-``decline_reason(xs, outs, cos, sin, rotary_dim, positions)`` returns None when it takes the call,
-else why not; ``assess`` (same arguments) returns that reason with what the backend worked
-out for its ``run`` (the Triton backend's ``Plan``, looked up once per call's tensors; None
-for the others); ``run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-pending=, plan=)`` rotates (each prepares its own tables). What a backend can do it declares:
-``CHECKS_PENDING`` (its launch checks an ``UncheckedRange`` of coordinates, else ``resolve_pending`` does
-first), ``CHECKS_COORDINATES`` (it checks settled coordinates' range as it reads them on the
-CPU, else ``check_coordinates`` does first), ``run_cache`` (a decode step's rotation and
-cache write in one launch, or None) and ``prepare`` (a launch ``ropelib.plans`` can keep, or
-None). The first backend of the device's order that takes the call runs it.
-
-The environment variable ``ROPELIB_BACKEND`` (``native``, ``triton`` or ``eager``, read per
-call) forces one, for tests and benchmarks; ``triton`` with CPU tensors runs the kernel in
-Triton's interpreter. A forced backend that declines is an error that says why.
-``backend_status(device)`` says which backend a device's calls take.
-
-The rotation enters PyTorch as the operators ``ropelib::rotate`` (a new output),
-``ropelib::rotate_out`` (into a given ``out``) and, for a query and a key rotated together,
-``ropelib::rotate_qk`` and ``ropelib::rotate_qk_out``, registered with
-``torch.library.custom_op`` and a fake implementation, so ``torch.compile``, ``torch.export``
-and ``torch.jit.trace`` see one opaque node whose shape they know. For a call nobody
-watches (``_checks.watcher``) that needs no gradient, ``rotate`` and its siblings call the
-implementation directly (``plain_call``). The autograd formulas are registered by
-``ropelib.rotation``, which also runs an eager training step (plain tensors, constant
-tables) as one autograd node with the same formula, outside the operators' layers;
-``eager.rotate_composite`` is the same rotation in differentiable PyTorch operations,
-for ``torch.func`` transforms and forward-mode AD, which must not hand a kernel their
-wrapped tensors.
+The operators ``ropelib::rotate``, ``::rotate_out``, ``::rotate_qk`` and ``::rotate_qk_out``
+(``torch.library.custom_op`` with fakes) are what compilers, tracers, dispatch modes and
+DTensor see. ``rotate_each`` runs a call: directly through ``run_backend`` when nobody watches
+it (``plain_call``), else through the operator. The gradient of a rotation is the same
+rotation with ``inverse`` flipped (sin read as -sin): one formula (``_save``, ``_backward``)
+for the operators and for ``_EagerRotation``, the one autograd node of eager training steps.
+A backend module (``native``, ``triton_rope``, ``eager``) exports ``NAME``,
+``decline_reason``, ``assess``, ``run``, ``CHECKS_PENDING``, ``CHECKS_COORDINATES``,
+``run_cache`` and ``prepare``; ``ROPELIB_BACKEND`` (read per call) forces one.
 """
 
 from __future__ import annotations
@@ -50,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import eager
 from ._checks import (
     FLOAT_DTYPES,
     check_coordinates,
@@ -61,189 +37,133 @@ from ._checks import (
 
 BACKENDS = ("native", "triton", "eager")
 ORDER = {"cpu": ("native", "eager"), "cuda": ("triton", "eager")}
+OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
+Tensor = torch.Tensor
 
 
 @torch.library.custom_op("ropelib::rotate", mutates_args=())
-def _rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-               rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
-               axes: torch.Tensor | None = None) -> torch.Tensor:
-    """R_Theta x, a new tensor (``new_output``): the first ``rotary_dim`` channels
-    rotated, the rest copied; R_{-Theta} x with ``inverse`` (the gradient's rotation).
-
-    Args:
-        x: ``(..., seq, head_dim)``.
-        cos, sin: rows ``(..., seq, rotary_dim // 2)`` broadcastable to x's, any float
-            dtype, on x's device; with ``positions``, the 2-D tables
-            ``(table_len, rotary_dim // 2)`` (row m: angles m * theta_i).
-        layout: ``"interleaved"`` or ``"half"``.
-        rotary_dim: rotated channels (even, <= head_dim).
-        inverse: rotate by the opposite angles, as if sin were -sin.
-        positions: multi-axis coordinates ``(..., seq, k)``, int64 in ``[0, table_len)``,
-            with as many dims as x and broadcastable to its rows: pair i of a row reads the
-            table row of coordinate ``axes[i]`` (``gather_rows``; M-RoPE).
-        axes: with ``positions``, int64 ``(rotary_dim // 2,)`` in ``[0, k)``.
-
-    The arguments are checked before the loop runs (``check_rotation_operands``): a table
-    pair of other shapes, dtypes or devices, rows that do not cover x's, or a short
-    ``axes`` is a ValueError, never a read past a tensor.
-    """
-    return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
-                        check=True)
-
-
-@_rotate_op.register_fake
-def _rotate_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
-                 axes: torch.Tensor | None = None) -> torch.Tensor:
-    check_rotation_operands(x, cos, sin, rotary_dim, None, positions, axes)
-    return new_output(x)
+def _rotate_op(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
+               inverse: bool = False, positions: Tensor | None = None,
+               axes: Tensor | None = None) -> Tensor:
+    """R_Theta x (R_{-Theta} x with ``inverse``), a new tensor: x ``(..., seq, head_dim)``,
+    rows ``(..., seq, rotary_dim // 2)`` broadcastable to x's, or 2-D tables with int64
+    ``positions`` ``(..., seq, k)`` (and ``axes`` ``(rotary_dim // 2,)`` for M-RoPE)."""
+    return run_backend([x], [None], cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       check=True)[0]
 
 
 @torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
-def _rotate_out_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                   rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
-                   axes: torch.Tensor | None = None) -> None:
-    """``ropelib::rotate`` written into ``out`` (x's shape and dtype, channels of any stride;
-    x itself, or memory that shares no element with x)."""
-    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, check=True)
-
-
-@_rotate_out_op.register_fake
-def _rotate_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                     rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
-                     axes: torch.Tensor | None = None) -> None:
-    check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-           rotary_dim: int, inverse: bool = False, positions: torch.Tensor | None = None,
-           axes: torch.Tensor | None = None, pending: UncheckedRange | None = None) -> torch.Tensor:
-    """``ropelib::rotate``: R_Theta x (R_{-Theta} x with ``inverse``), a new tensor
-    (arguments as there; ``pending``: see ``UncheckedRange``)."""
-    if plain_call(x, cos, sin, positions, axes):
-        return rotate_plain(x, cos, sin, layout, rotary_dim, None, inverse, positions, axes,
-                            pending)
-    return torch.ops.ropelib.rotate.default(x, cos, sin, layout, rotary_dim, inverse,
-                                            resolve_pending(x, cos, positions, axes, pending), axes)
-
-
-def rotate_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-               rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None = None,
-               axes: torch.Tensor | None = None, pending: UncheckedRange | None = None) -> None:
-    """``ropelib::rotate_out``: R_Theta x written into ``out``, whose version counter is
-    bumped like any in-place write's (arguments as there; ``pending``: see ``UncheckedRange``)."""
-    if plain_call(x, cos, sin, out, positions, axes):
-        _rotate_into(x, cos, sin, layout, rotary_dim, out, positions, axes, pending)
-        torch.autograd.graph.increment_version(out)
-    else:
-        torch.ops.ropelib.rotate_out.default(x, cos, sin, layout, rotary_dim, out,
-                                             resolve_pending(x, cos, positions, axes, pending), axes)
+def _rotate_out_op(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
+                   out: Tensor, positions: Tensor | None = None,
+                   axes: Tensor | None = None) -> None:
+    """``ropelib::rotate`` into ``out`` (x itself, or memory sharing no element with x)."""
+    run_backend([x], [out], cos, sin, layout, rotary_dim, False, positions, axes, check=True)
 
 
 @torch.library.custom_op("ropelib::rotate_qk", mutates_args=())
-def _rotate_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  layout: str, rotary_dim: int, inverse: bool = False,
-                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ropelib::rotate`` of a query ``(..., heads_q, seq, head_dim)`` and a key ``(...,
-    heads_k, seq, head_dim)`` at the same positions, in one launch where the backend can
-    (one read of the table rows for both): two new tensors (``new_output``)."""
+def _rotate_qk_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str,
+                  rotary_dim: int, inverse: bool = False, positions: Tensor | None = None,
+                  axes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``ropelib::rotate`` of q ``(..., heads_q, seq, d)`` and k ``(..., heads_k, seq, d)`` at
+    the same positions, in one launch where the backend can."""
     q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
                                positions, axes, check=True)
     return q_out, k_out
 
 
-def _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes) -> None:
-    """``check_rotation_operands`` of q and of k."""
-    check_rotation_operands(q, cos, sin, rotary_dim, q_out, positions, axes)
-    check_rotation_operands(k, cos, sin, rotary_dim, k_out, positions, axes)
-
-
-@_rotate_qk_op.register_fake
-def _rotate_qk_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    layout: str, rotary_dim: int, inverse: bool = False,
-                    positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_qk(q, k, cos, sin, rotary_dim, None, None, positions, axes)
-    return new_output(q), new_output(k)
-
-
 @torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
-def _rotate_qk_out_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                      positions: torch.Tensor | None = None,
-                      axes: torch.Tensor | None = None) -> None:
-    """``ropelib::rotate_qk`` written into ``q_out`` and ``k_out`` (each its tensor itself, or
-    memory that shares no element with q, k, the other destination or the tables)."""
+def _rotate_qk_out_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str,
+                      rotary_dim: int, q_out: Tensor, k_out: Tensor,
+                      positions: Tensor | None = None, axes: Tensor | None = None) -> None:
+    """``ropelib::rotate_qk`` into ``q_out`` and ``k_out``."""
     run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
                 check=True)
 
 
+def _fake(xs, outs, cos, sin, rotary_dim, positions, axes) -> list[Tensor]:
+    """The operators' fake: their checks, and new outputs laid out as the kernels'."""
+    for x, out in zip(xs, outs, strict=True):
+        check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
+    return [new_output(x) for x in xs]
+
+
+@_rotate_op.register_fake
+def _rotate_fake(x, cos, sin, layout, rotary_dim, inverse=False, positions=None, axes=None):
+    return _fake([x], [None], cos, sin, rotary_dim, positions, axes)[0]
+
+
+@_rotate_out_op.register_fake
+def _rotate_out_fake(x, cos, sin, layout, rotary_dim, out, positions=None, axes=None):
+    _fake([x], [out], cos, sin, rotary_dim, positions, axes)
+
+
+@_rotate_qk_op.register_fake
+def _rotate_qk_fake(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
+                    axes=None):
+    return tuple(_fake([q, k], [None, None], cos, sin, rotary_dim, positions, axes))
+
+
 @_rotate_qk_out_op.register_fake
-def _rotate_qk_out_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                        positions: torch.Tensor | None = None,
-                        axes: torch.Tensor | None = None) -> None:
-    _check_qk(q, k, cos, sin, rotary_dim, q_out, k_out, positions, axes)
+def _rotate_qk_out_fake(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions=None,
+                        axes=None):
+    _fake([q, k], [q_out, k_out], cos, sin, rotary_dim, positions, axes)
 
 
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              layout: str, rotary_dim: int, inverse: bool = False,
-              positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-              pending: UncheckedRange | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ropelib::rotate_qk`` (arguments as there; ``pending``: see ``UncheckedRange``)."""
-    if plain_call(q, k, cos, sin, positions, axes):
-        q_out, k_out = run_backend([q, k], [None, None], cos, sin, layout, rotary_dim, inverse,
-                                   positions, axes, pending)
-        return q_out, k_out
-    return torch.ops.ropelib.rotate_qk.default(q, k, cos, sin, layout, rotary_dim, inverse,
-                                               resolve_pending(q, cos, positions, axes, pending), axes)
+def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
+                layout: str, rotary_dim: int, inverse: bool = False,
+                positions: Tensor | None = None, axes: Tensor | None = None,
+                pending: UncheckedRange | None = None) -> list[Tensor]:
+    """x (or q and k) rotated into ``outs`` (None: new; given: ``inverse`` is False), by the
+    implementation when ``plain_call``, else by the operator. Returns the results."""
+    written = () if outs[0] is None else outs
+    if plain_call(*xs, cos, sin, *written, positions, axes):
+        if written:
+            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
+        done = run_backend(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                           pending)
+        if written:
+            torch.autograd.graph.increment_version(written)
+        return done
+    positions = resolve_pending(xs[0], cos, positions, axes, pending)
+    ops = torch.ops.ropelib
+    if written:
+        op = ops.rotate_out if len(xs) == 1 else ops.rotate_qk_out
+        op.default(*xs, cos, sin, layout, rotary_dim, *outs, positions, axes)
+        return list(outs)
+    if len(xs) == 1:
+        return [ops.rotate.default(xs[0], cos, sin, layout, rotary_dim, inverse, positions, axes)]
+    return list(ops.rotate_qk.default(*xs, cos, sin, layout, rotary_dim, inverse, positions,
+                                      axes))
 
 
-def rotate_qk_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                  positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-                  pending: UncheckedRange | None = None) -> None:
-    """``ropelib::rotate_qk_out``: both destinations' version counters are bumped
-    (``pending``: see ``UncheckedRange``)."""
-    if plain_call(q, k, cos, sin, q_out, k_out, positions, axes):
-        _rotate_qk_into(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions, axes,
-                        pending)
-        torch.autograd.graph.increment_version((q_out, k_out))
-    else:
-        torch.ops.ropelib.rotate_qk_out.default(q, k, cos, sin, layout, rotary_dim, q_out,
-                                                k_out, resolve_pending(q, cos, positions, axes, pending),
-                                                axes)
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
+           inverse: bool = False, positions: Tensor | None = None, axes: Tensor | None = None,
+           pending: UncheckedRange | None = None) -> Tensor:
+    """``rotate_each`` of one tensor into a new one (``ropelib::rotate``'s arguments)."""
+    return rotate_each([x], [None], cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       pending)[0]
 
 
-def _rotate_qk_into(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    layout: str, rotary_dim: int, q_out: torch.Tensor, k_out: torch.Tensor,
-                    positions: torch.Tensor | None, axes: torch.Tensor | None,
-                    pending: UncheckedRange | None = None) -> None:
-    """``run_backend`` of q and k into their destinations, after ``check_out_memory``
-    (neither destination may overwrite what the other rotation still reads or writes)."""
-    check_out_memory((q, k), (q_out, k_out), cos, sin, (("q_out", "q"), ("k_out", "k")))
-    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
-                pending)
+def plain_call(*tensors: Tensor | None) -> bool:
+    """Whether the implementation may run without the dispatcher: nobody watches the call
+    (``watcher``) and no tensor needs a gradient (the dispatcher's layers cost 10-30 us)."""
+    if watcher(*tensors) is not None:
+        return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return False
+    return True
 
 
-def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor, layout: str, rotary_dim: int, key_cache: torch.Tensor,
-                    value_cache: torch.Tensor, slot: torch.Tensor,
-                    positions: torch.Tensor | None = None, pending: UncheckedRange | None = None
-                    ) -> torch.Tensor:
-    """A decode step's rotation and cache write: q rotated into a new tensor, k rotated into
-    ``key_cache[..., slot + 0 .. n - 1, :]`` and v copied into ``value_cache`` there.
-
-    q, k and v are ``(..., heads, n, head_dim)`` (k and v with the caches' heads), the caches
-    ``(..., kv_heads, capacity, head_dim)``, ``slot`` a 0-d integer tensor; rows or
-    positions as for ``rotate_qk`` (shared by q and k). Eager, where the Triton kernel takes
-    the call (a GPU, or ``ROPELIB_BACKEND=triton``), it is one launch that reads the slot on
-    the device and asserts its range there; on the CPU the slot is read (checked first
-    by ``ropelib.rotation.apply_rope_qk_to_cache``), then k is rotated straight into its
-    slots (one pass) and v copied; under a compiler or autograd the rotation is followed by
-    ``index_copy_`` into the caches.
-    """
+def rotate_qk_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, layout: str,
+                    rotary_dim: int, key_cache: Tensor, value_cache: Tensor, slot: Tensor,
+                    positions: Tensor | None = None, pending: UncheckedRange | None = None
+                    ) -> Tensor:
+    """A decode step: q rotated into a new tensor, k rotated into ``key_cache[..., slot + 0 ..
+    n - 1, :]``, v copied into ``value_cache`` there (caches ``(..., kv_heads, capacity, d)``,
+    ``slot`` 0-d). One launch where the backend has ``run_cache``; on the CPU k is rotated
+    into its slots (the slot checked by the caller); else ``index_copy_`` after the rotation."""
     n, capacity = q.shape[-2], key_cache.shape[-2]
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
@@ -254,55 +174,289 @@ def rotate_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
             torch.autograd.graph.increment_version((key_cache, value_cache))
             return q_rot
     positions = resolve_pending(q, cos, positions, None, pending)
-    if slot.device.type == "cpu" and not tracing():  # its range checked by the caller
+    if slot.device.type == "cpu" and not tracing():
         start = int(slot)
         q_rot = new_output(q)
-        rotate_qk_out(q, k, cos, sin, layout, rotary_dim, q_rot,
-                      key_cache[..., start:start + n, :], positions)
+        rotate_each([q, k], [q_rot, key_cache[..., start:start + n, :]], cos, sin, layout,
+                    rotary_dim, False, positions)
         value_cache[..., start:start + n, :].copy_(v)
         return q_rot
     slots = slot.reshape(()) + torch.arange(n, device=slot.device)
     torch._assert_async(((slots >= 0) & (slots < capacity)).all(),
                         "cache_position + row must be in [0, capacity) of the KV cache")
-    q_rot, k_rot = rotate_qk(q, k, cos, sin, layout, rotary_dim, False, positions)
+    q_rot, k_rot = rotate_each([q, k], [None, None], cos, sin, layout, rotary_dim, False,
+                               positions)
     key_cache.index_copy_(-2, slots, k_rot)
     value_cache.index_copy_(-2, slots, v)
     return q_rot
 
 
-def plain_call(*tensors: torch.Tensor | None) -> bool:
-    """Whether the operators' implementation may run without the dispatcher: nobody watches
-    the call (``watcher`` is None) and no tensor needs a gradient. The dispatcher would run
-    the same function after 10-30 us of Python layers, which at small shapes cost more than
-    the rotation."""
-    if watcher(*tensors) is not None:
-        return False
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return False
-    return True
+def _save(ctx, inputs: tuple, output) -> None:
+    """The context of the one gradient formula, for ``ropelib::rotate`` (x alone: no k in its
+    inputs), ``ropelib::rotate_qk`` and ``_EagerRotation`` (k None: one tensor). Saves x (or q
+    and k) only when the tables need grads; a rotated tensor whose input records nothing
+    records nothing either (constant tables)."""
+    ctx.alone = len(inputs) == 8
+    if ctx.alone:
+        inputs, needs = (inputs[0], None, *inputs[1:]), ctx.needs_input_grad
+        ctx.needs = (needs[0], False, needs[1], needs[2])
+    else:
+        ctx.needs = tuple(ctx.needs_input_grad[:4])
+    q, k, cos, sin, ctx.layout, ctx.rotary_dim, ctx.inverse, positions, axes = inputs[:9]
+    ctx.pending = inputs[9] if len(inputs) > 9 else None
+    ctx.count = 1 if k is None else 2
+    tables = ctx.needs[2] or ctx.needs[3]
+    ctx.save_for_backward(q if tables else None, k if tables else None, cos, sin, positions,
+                          axes)
+    if not tables and k is not None and not (ctx.needs[0] and ctx.needs[1]):
+        ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
+            output, ctx.needs[:2], strict=True) if not needs))
 
 
-def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, out: torch.Tensor, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None, pending: UncheckedRange | None = None) -> None:
-    """``rotate_plain`` into ``out`` after ``check_out_memory``."""
-    check_out_memory((x,), (out,), cos, sin)
-    rotate_plain(x, cos, sin, layout, rotary_dim, out, False, positions, axes, pending)
+def _backward(ctx, *grads: Tensor) -> tuple:
+    """dL/dx = R_Theta^T g = R_{-Theta} g: the same rotation inverted (differentiable again);
+    the tables' grads from the pairs of x and g (``_table_grads``)."""
+    q, k, cos, sin, positions, axes = ctx.saved_tensors
+    grads = grads[:ctx.count]
+    if grads[-1].stride(-1) != 1 or grads[0].stride(-1) != 1:  # a sum's grad: stride 0
+        grads = [g.contiguous() for g in grads]
+    result = [None] * 4
+    if ctx.needs[0] or ctx.needs[1]:
+        result[:ctx.count] = rotate_each(grads, (None,) * ctx.count, cos, sin, ctx.layout,
+                                         ctx.rotary_dim, not ctx.inverse, positions, axes,
+                                         ctx.pending)
+    if ctx.needs[2] or ctx.needs[3]:
+        parts = [_table_grads(ctx, x, g, cos, sin, positions, axes)
+                 for x, g in zip((q, k)[:ctx.count], grads, strict=True)]
+        result[2:] = [sum(part[i] for part in parts) for i in (0, 1)]
+    if ctx.alone:
+        del result[1]
+    return *result, *[None] * 6
 
 
-def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     cos: torch.Tensor, sin: torch.Tensor,
+def _table_grads(ctx, x: Tensor, grad: Tensor, cos: Tensor, sin: Tensor,
+                 positions: Tensor | None, axes: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The grads of cos and sin from the pairs of x and g, summed over the dims the rows
+    broadcast over (with positions: scattered into the table rows they came from)."""
+    rd = ctx.rotary_dim
+    a, b = eager.pairs(x[..., :rd], ctx.layout)
+    ga, gb = eager.pairs(grad[..., :rd], ctx.layout)
+    grad_cos = ga * a + gb * b
+    grad_sin = (ga * b - gb * a) if ctx.inverse else (gb * a - ga * b)
+    if positions is None:
+        return grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
+    index = positions.index_select(-1, axes) if axes is not None else positions.expand(
+        *positions.shape[:-1], rd // 2)
+    flat = index.reshape(-1, index.shape[-1])
+    return tuple(
+        torch.zeros_like(table).scatter_add_(
+            0, flat, g.sum_to_size(index.shape).reshape(flat.shape).to(table.dtype))
+        for table, g in ((cos, grad_cos), (sin, grad_sin)))
+
+
+torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_save)
+torch.library.register_autograd("ropelib::rotate_qk", _backward, setup_context=_save)
+
+
+class _EagerRotation(torch.autograd.Function):
+    """``ropelib::rotate_qk`` (k None: ``ropelib::rotate``) with its formula as one autograd
+    node that runs the backend directly, without the operators' layers (about 100 us a
+    training step at small shapes): eager training steps with constant tables only."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor, layout: str,
+                rotary_dim: int, inverse: bool, positions: Tensor | None, axes: Tensor | None,
+                pending: UncheckedRange | None) -> Tensor | tuple[Tensor, Tensor]:
+        xs = [q] if k is None else [q, k]
+        done = run_backend(xs, [None] * len(xs), cos, sin, layout, rotary_dim, inverse,
+                           positions, axes, pending)
+        _save(ctx, (q, k, cos, sin, layout, rotary_dim, inverse, positions, axes, pending),
+              done)
+        return done[0] if k is None else (done[0], done[1])
+
+    backward = staticmethod(_backward)
+
+
+# ``apply`` without ``Function.apply``'s Python layer (it binds defaults with
+# ``inspect.signature``, unwraps torch.func wrappers, hands transforms to
+# ``custom_function_call``): none of it applies to an eager training step.
+eager_rotation = super(torch.autograd.Function, _EagerRotation).apply
+
+
+def run_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
+                layout: str, rotary_dim: int, inverse: bool, positions: Tensor | None = None,
+                axes: Tensor | None = None, pending: UncheckedRange | None = None,
+                check: bool = False) -> Sequence[Tensor]:
+    """R_Theta x for each x of ``xs`` into ``outs`` (None: new) by ``choose_backend``'s
+    backend; ``pending`` coordinates resolved for a backend that does not check them;
+    ``check`` (the operators): operands and destinations' memory checked first."""
+    if check:
+        for x, out in zip(xs, outs, strict=True):
+            check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
+        if outs[0] is not None:
+            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
+    backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
+    if pending is not None and not backend.CHECKS_PENDING:
+        positions, pending = resolve_pending(xs[0], cos, positions, axes, pending), None
+    if (pending is None and positions is not None and xs[0].device.type == "cpu"
+            and not backend.CHECKS_COORDINATES):
+        check_coordinates(positions, axes, cos.shape[0])
+    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
+                       pending=pending, plan=plan)
+
+
+class UncheckedRange(NamedTuple):
+    """What a call that read no value on the host (eager, on a GPU) leaves to the rotation:
+    the coordinates' range, ``clamp`` them to the last row (``short_table="repeat_last"``);
+    ``step``: they are a 0-d offset (shaped as ones) and row s sits at offset + s."""
+
+    clamp: bool
+    step: bool
+
+
+UNCHECKED_RANGES = {(clamp, step): UncheckedRange(clamp, step) for clamp in (False, True)
+                    for step in (False, True)}  # made once: a call builds none
+
+
+def resolve_pending(x: Tensor, cos: Tensor, positions: Tensor | None, axes: Tensor | None,
+                    pending: UncheckedRange | None) -> Tensor | None:
+    """``pending`` coordinates made plain with PyTorch operations on their device (no value
+    read back): an offset's rows spelled out, the range asserted, clamped for ``clamp``."""
+    if pending is None:
+        return positions
+    seq, table_len = x.shape[-2], cos.shape[0]
+    if pending.step:
+        rows = positions.reshape(()) + torch.arange(seq, device=positions.device)
+        positions = rows.reshape((1,) * (x.ndim - 2) + (seq, 1))
+    if axes is not None:
+        k = positions.shape[-1]
+        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+    within = positions >= 0
+    if pending.clamp:
+        positions = positions.clamp_max(table_len - 1)
+    else:
+        within &= positions < table_len
+    torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table length "
+                        "(rows 0 .. table_len - 1)")
+    return positions
+
+
+def choose_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor,
+                   sin: Tensor, rotary_dim: int, positions: Tensor | None = None
+                   ) -> tuple[ModuleType, object]:
+    """(the backend ``ROPELIB_BACKEND`` names, a ValueError if it declines, else the first of
+    the device's ``ORDER`` that takes the call; the plan its ``assess`` made for ``run``)."""
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
+    for name in (forced,) if forced else ORDER.get(xs[0].device.type, ()):
+        backend, reason = _backend(name)
+        if backend is not None:
+            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
+            if not reason:
+                return backend, plan
+        if forced:
+            raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
+    return eager, None
+
+
+_MODULES = {"native": ".native", "triton": ".triton_rope", "eager": ".eager"}
+
+
+@functools.cache
+def _backend(name: str) -> tuple[ModuleType | None, str | None]:
+    """(the backend's module, None), or (None, why it cannot be imported): imported on first
+    use (Triton with the first CUDA tensor)."""
+    try:
+        return importlib.import_module(_MODULES[name], __package__), None
+    except ImportError as error:
+        return None, f"ropelib{_MODULES[name]} cannot be imported ({error})"
+
+
+class BackendStatus(NamedTuple):
+    """Which backend ``apply_rope`` takes on a device for a usual call and why."""
+
+    backend: str | None  # "native", "triton" or "eager"; None: every such call raises
+    reason: str
+
+
+def backend_status(device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> BackendStatus:
+    """What the next ``apply_rope`` of a contiguous ``dtype`` tensor on ``device`` does,
+    honouring ``ROPELIB_BACKEND`` (read now, as every call reads it).
+
+    Returns:
+        ``BackendStatus(backend, reason)``, e.g. ``('triton', 'the first of triton, eager
+        that takes the call')``: the backend and what the others said when they declined;
+        or ``backend=None`` with why every such call raises (an unknown or declining forced
+        backend, a device this PyTorch cannot use, a dtype other than float16, bfloat16,
+        float32 or float64). Under ``torch.func`` transforms the rotation runs as PyTorch
+        operations whatever the backend (a declining forced backend raises there too).
+    """
+    device = torch.device(device)
+    if dtype not in FLOAT_DTYPES:
+        return BackendStatus(None, f"x of dtype {dtype}: every call raises TypeError (the "
+                                   f"rotation takes {', '.join(map(str, FLOAT_DTYPES))})")
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if forced and forced not in BACKENDS:
+        return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
+                                   "every call raises ValueError")
+    try:
+        probe = _probe(device, dtype)
+    except (RuntimeError, AssertionError) as error:  # no such device in this build or machine
+        return BackendStatus(None, f"no tensor can be made on {device} here: every call "
+                                   f"raises ({type(error).__name__}: {error})")
+    names = (forced,) if forced else ORDER.get(device.type, ("eager",))
+    declined = []
+    for name in names:
+        backend, reason = _backend(name)
+        reason = reason or backend.decline_reason(*probe)
+        if not reason:
+            return BackendStatus(name, "forced by ROPELIB_BACKEND" if forced else (
+                f"the first of {', '.join(names)} that takes the call"
+                + "".join(f"; {d}" for d in declined)))
+        if forced:
+            return BackendStatus(None, f"ROPELIB_BACKEND={forced} forces a backend that "
+                                       f"declines this call ({reason}): every such call "
+                                       "raises ValueError")
+        declined.append(f"{name} declined: {reason}")
+    return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
+    """``decline_reason``'s arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on
+    ``device`` with float32 rows."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False"
+                           + (" (this PyTorch is built without CUDA)"
+                              if torch.version.cuda is None else ""))
+    x = torch.empty(1, 1, 2, 8, device=device, dtype=dtype)
+    cos = torch.empty(2, 4, device=device)
+    return [x], [None], cos, cos, 8, None
+
+
+def check_forced_under_transform(x: Tensor) -> None:
+    """Under a ``torch.func`` transform the rotation is PyTorch operations, but a forced
+    backend that declines such a call (x's dtype and device) refuses it there too."""
+    forced = os.environ.get("ROPELIB_BACKEND")
+    if not forced:
+        return
+    if forced not in BACKENDS:
+        reason = f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
+    else:
+        backend, reason = _backend(forced)
+        reason = reason or backend.decline_reason(*_probe(x.device, x.dtype))
+    if reason:
+        raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason} (under "
+                         "a torch.func transform the rotation runs as PyTorch operations, but "
+                         "a forced backend that declines the call refuses it there too)")
+
+
+def check_out_memory(xs: Sequence[Tensor], outs: Sequence[Tensor], cos: Tensor, sin: Tensor,
                      names: Sequence[tuple[str, str]] = (("out", "x"),)) -> None:
-    """Checked on the real tensors (so also in a compiled graph), for each destination of
-    ``outs`` (named ``names[i] = (its name, its x's name)``): it may not overlap the tables,
-    nor share an element with its x unless it is x itself; for a query and a key rotated
-    together, neither destination may share an element with the other x or the other
-    destination. Each tensor's addresses are worked out once (``byte_span``). Meta tensors
-    hold no memory (every one reports address 0): nothing to check. An inference tensor
-    (made under ``torch.inference_mode()``) takes no write outside inference mode, as
-    PyTorch's own in-place operators refuse it."""
+    """Each destination (``names[i]``: its name, its x's) may not overlap the tables, share an
+    element with its x unless it is x, nor (q and k) with the other x or destination; an
+    inference tensor takes no write outside inference mode. Meta tensors hold no memory."""
     tables = (("cos", byte_span(cos)), ("sin", byte_span(sin)))
     x_spans = [byte_span(x) for x in xs]
     in_place = [out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
@@ -337,38 +491,29 @@ def check_out_memory(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                                  "together needs destinations apart from the other tensor")
 
 
-def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+def share_memory(a: Tensor, b: Tensor) -> bool:
     """Whether a and b address a common element (a tensor shares all of its own)."""
     return _intersect(byte_span(a), byte_span(b)) and _share_elements(a, b)
 
 
-def byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """The addresses [first, last + 1) of t's elements; empty for an empty tensor and for a
-    meta tensor (it holds no memory). Only views of one buffer can have intersecting
-    spans."""
+def byte_span(t: Tensor) -> tuple[int, int]:
+    """The addresses [first, last + 1) of t's elements; empty for an empty or meta tensor."""
     if t.is_meta or not t.numel():
         return 0, 0
     start = t.data_ptr()
-    return start, start + (t.nbytes if t.is_contiguous() else _extent(t))
-
-
-def _extent(t: torch.Tensor) -> int:
-    """The bytes from t's first element to past its last (t not empty)."""
-    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * (
-        t.element_size())
+    extent = t.nbytes if t.is_contiguous() else (sum(
+        (n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
+    return start, start + extent
 
 
 def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b (views of one buffer with intersecting spans) address a common
-    element, decided by the elements they touch: whether b's first element minus a's is
-    ``sum_d i_d stride_d - sum_e j_e stride_e`` for indices inside a's and b's sizes. Dims
-    of one stride merge into one coefficient (its range the sum of theirs), so q and k of
-    different head counts taken from one fused ``(batch, seq, heads, dim)`` buffer are
-    told apart exactly; a search too wide to finish counts as shared."""
+def _share_elements(a: Tensor, b: Tensor) -> bool:
+    """Whether views a and b of one buffer address a common element: whether b's first
+    element minus a's is ``sum_d i_d stride_d - sum_e j_e stride_e`` within their sizes (dims
+    of one stride merged); a search too wide to finish counts as shared."""
     size = a.element_size()
     gap = b.data_ptr() - a.data_ptr()
     if gap % size or b.element_size() != size:
@@ -381,17 +526,12 @@ def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
                 ranges[stride] = (low, high + n - 1) if sign > 0 else (low - n + 1, high)
     dims = sorted(((stride, low, high) for stride, (low, high) in ranges.items()),
                   reverse=True)
-    return _reachable(gap // size, dims, [_SEARCH_BUDGET])
-
-
-_SEARCH_BUDGET = 4096  # coefficients tried before an undecided overlap counts as shared
+    return _reachable(gap // size, dims, [4096])
 
 
 def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
-    """Whether gap = sum_k c_k stride_k for integers low_k <= c_k <= high_k, dims =
-    [(stride_k, low_k, high_k)] by decreasing stride; each coefficient is bounded by what
-    the smaller strides can still reach. ``budget[0]``: coefficients left to try; when they
-    run out the answer is True (undecided counts as reachable)."""
+    """Whether gap = sum_k c_k stride_k with low_k <= c_k <= high_k (dims by decreasing
+    stride); True when ``budget[0]`` coefficients tried leave it undecided."""
     if not dims:
         return gap == 0
     (stride, low, high), rest = dims[0], dims[1:]
@@ -404,219 +544,3 @@ def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) ->
         if budget[0] < 0 or _reachable(gap - c * stride, rest, budget):
             return True
     return False
-
-
-def rotate_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 rotary_dim: int, out: torch.Tensor | None, inverse: bool,
-                 positions: torch.Tensor | None = None, axes: torch.Tensor | None = None,
-                 pending: UncheckedRange | None = None, check: bool = False) -> torch.Tensor:
-    """The operators' implementation for one tensor: ``run_backend`` of ``[x]``."""
-    return run_backend([x], [out], cos, sin, layout, rotary_dim, inverse, positions, axes,
-                       pending, check)[0]
-
-
-OUT_NAMES = {1: (("out", "x"),), 2: (("q_out", "q"), ("k_out", "k"))}
-
-
-def run_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                inverse: bool, positions: torch.Tensor | None = None,
-                axes: torch.Tensor | None = None, pending: UncheckedRange | None = None,
-                check: bool = False) -> Sequence[torch.Tensor]:
-    """R_Theta x (R_{-Theta} x with ``inverse``) for every x of ``xs`` (one tensor, or a query
-    and a key), into ``outs`` (None: new), by the backend ``backend_for`` picks. Called
-    directly for plain tensors in eager mode (``plain_call``), by the operators'
-    implementations and by the autograd formulas; arguments as for ``ropelib::rotate``.
-    Coordinates still ``pending`` go to the Triton kernel as they are (it checks them in its
-    one launch); for another backend ``resolve_pending`` checks them first.
-
-    ``check`` (the operators' implementations): the operands are checked first
-    (``check_rotation_operands`` of each x, ``check_out_memory`` of the destinations)."""
-    if check:
-        for x, out in zip(xs, outs, strict=True):
-            check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
-        if outs[0] is not None:
-            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
-    backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
-    if pending is not None and not backend.CHECKS_PENDING:
-        positions, pending = resolve_pending(xs[0], cos, positions, axes, pending), None
-    if (pending is None and positions is not None and xs[0].device.type == "cpu"
-            and not backend.CHECKS_COORDINATES):
-        check_coordinates(positions, axes, cos.shape[0])
-    return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
-                       pending=pending, plan=plan)
-
-
-class UncheckedRange(NamedTuple):
-    """Coordinates handed on by a call that reads no value on the host (a GPU call in eager
-    mode): their range is still to be checked (against the tables' rows, and axes against
-    the coordinates per token), and ``clamp``: clamped to the last row first
-    (``short_table="repeat_last"``). ``step``: the coordinates are a 0-d offset (shaped as
-    ones, x's number of dims) and row s of x sits at offset + s. The Triton kernel does all
-    of it in its one launch (a device-side assertion that names what is out of range);
-    ``resolve_pending`` does it with PyTorch operations for any other route."""
-
-    clamp: bool
-    step: bool
-
-
-UNCHECKED_RANGES = {(clamp, step): UncheckedRange(clamp, step) for clamp in (False, True)
-           for step in (False, True)}  # the four, made once (a call builds none)
-
-
-def resolve_pending(x: torch.Tensor, cos: torch.Tensor, positions: torch.Tensor | None,
-           axes: torch.Tensor | None, pending: UncheckedRange | None) -> torch.Tensor | None:
-    """``UncheckedRange`` coordinates made plain with PyTorch operations on their device (no value
-    read back): the rows of a 0-d offset spelled out, their range asserted on the device,
-    clamped for ``clamp``; coordinates with nothing pending are returned as they are."""
-    if pending is None:
-        return positions
-    seq, table_len = x.shape[-2], cos.shape[0]
-    if pending.step:
-        rows = positions.reshape(()) + torch.arange(seq, device=positions.device)
-        positions = rows.reshape((1,) * (x.ndim - 2) + (seq, 1))
-    if axes is not None:
-        k = positions.shape[-1]
-        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
-    within = positions >= 0
-    if pending.clamp:
-        positions = positions.clamp_max(table_len - 1)
-    else:
-        within &= positions < table_len
-    torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table length "
-                        "(rows 0 .. table_len - 1)")
-    return positions
-
-
-def backend_for(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                positions: torch.Tensor | None = None) -> ModuleType:
-    """The backend that runs this call: the one ``ROPELIB_BACKEND`` names (a ValueError if
-    it declines), else the first of the device's ``ORDER`` that takes it."""
-    return choose_backend(xs, outs, cos, sin, rotary_dim, positions)[0]
-
-
-def choose_backend(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None = None) -> tuple[ModuleType, object]:
-    """(``backend_for``, what the backend worked out when it took the call, for its ``run``:
-    the Triton backend's ``Plan``, None for the others)."""
-    forced = os.environ.get("ROPELIB_BACKEND")
-    if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
-        backend, reason = _backend(forced)
-        plan = None
-        if backend is not None:
-            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
-        if reason:
-            raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason}")
-        return backend, plan
-    for name in ORDER.get(xs[0].device.type, ()):
-        backend, reason = _backend(name)
-        if backend is not None:
-            reason, plan = backend.assess(xs, outs, cos, sin, rotary_dim, positions)
-            if not reason:
-                return backend, plan
-    return _backend("eager")[0], None
-
-
-_MODULES = {"native": ".native", "triton": ".triton_rope", "eager": ".eager"}
-
-
-@functools.cache
-def _backend(name: str) -> tuple[ModuleType | None, str | None]:
-    """(the module of the backend ``name``, None), or (None, why it cannot be loaded): each
-    is imported here, when the first call asks for it (Triton with the first CUDA tensor)."""
-    try:
-        return importlib.import_module(_MODULES[name], __package__), None
-    except ImportError as error:
-        return None, f"ropelib{_MODULES[name]} cannot be imported ({error})"
-
-
-class BackendStatus(NamedTuple):
-    """Which backend ``apply_rope`` takes on a device for a usual call and why."""
-
-    backend: str | None  # "native", "triton" or "eager"; None: every such call raises
-    reason: str
-
-
-def backend_status(device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> BackendStatus:
-    """What the next call of ``apply_rope`` with a contiguous ``dtype`` tensor on ``device``
-    does, honouring ``ROPELIB_BACKEND`` (read now, as every call reads it), e.g.
-    ``BackendStatus(backend='triton', reason='the first of triton, eager that takes the
-    call')``: the backend that runs it and what the others said when they declined, or
-    ``backend=None`` with the reason every such call raises (an unknown ``ROPELIB_BACKEND``,
-    a forced backend that declines, a device this PyTorch cannot use, a dtype other than
-    float16, bfloat16, float32 or float64). Under ``torch.func``
-    transforms the rotation runs as PyTorch operations whatever the backend, and a forced
-    backend that declines the call raises there too."""
-    device = torch.device(device)
-    if dtype not in FLOAT_DTYPES:
-        return BackendStatus(None, f"x of dtype {dtype}: every call raises TypeError (the "
-                                   f"rotation takes {', '.join(map(str, FLOAT_DTYPES))})")
-    forced = os.environ.get("ROPELIB_BACKEND")
-    if forced and forced not in BACKENDS:
-        return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
-                                   "every call raises ValueError")
-    try:
-        probe = _probe(device, dtype)
-    except (RuntimeError, AssertionError) as error:  # no such device in this build or machine
-        return BackendStatus(None, f"no tensor can be made on {device} here: every call "
-                                   f"raises ({type(error).__name__}: {error})")
-    if forced:
-        reason = _refusal(forced, *probe)
-        if reason:
-            return BackendStatus(None, f"ROPELIB_BACKEND={forced} forces a backend that "
-                                       f"declines this call ({reason}): every such call "
-                                       "raises ValueError")
-        return BackendStatus(forced, "forced by ROPELIB_BACKEND")
-    names = ORDER.get(device.type, ("eager",))
-    declined = []
-    for name in names:
-        backend, reason = _backend(name)
-        reason = reason or backend.decline_reason(*probe)
-        if not reason:
-            return BackendStatus(name, f"the first of {', '.join(names)} that takes the call"
-                                 + "".join(f"; {d}" for d in declined))
-        declined.append(f"{name} declined: {reason}")
-    return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
-
-
-def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
-    """``decline_reason``' arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on ``device``
-    with float32 rows: what a backend is asked about a usual call."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False"
-                           + (" (this PyTorch is built without CUDA)"
-                              if torch.version.cuda is None else ""))
-    x = torch.empty(1, 1, 2, 8, device=device, dtype=dtype)
-    cos = torch.empty(2, 4, device=device)
-    return [x], [None], cos, cos, 8, None
-
-
-def _refusal(forced: str, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-             cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-             positions: torch.Tensor | None = None) -> str | None:
-    """Why the backend ``forced`` (the value of ``ROPELIB_BACKEND``, read once by the
-    caller) cannot take this call (None: it takes it); ``decline_reason``' arguments."""
-    if forced not in BACKENDS:
-        return f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
-    backend, reason = _backend(forced)
-    return reason or backend.decline_reason(xs, outs, cos, sin, rotary_dim, positions)
-
-
-def check_forced_under_transform(x: torch.Tensor) -> None:
-    """Under a ``torch.func`` transform the rotation runs as PyTorch operations whatever
-    the backend (the kernels take plain tensors only); a forced backend that would decline
-    the call (x's dtype on x's device, contiguous) raises as the call without the transform
-    does, so a forced backend is never passed over in silence."""
-    forced = os.environ.get("ROPELIB_BACKEND")
-    if not forced:
-        return
-    reason = _refusal(forced, *_probe(x.device, x.dtype))
-    if reason:
-        raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason} (under "
-                         "a torch.func transform the rotation runs as PyTorch operations, but "
-                         "a forced backend that declines the call refuses it there too)")

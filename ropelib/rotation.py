@@ -1,48 +1,31 @@
-"""apply_rope: rotate channel pairs of q or k by the angles m * theta_i.
+"""apply_rope, apply_rope_qk, apply_rope_qk_to_cache: the public functions of the rotation.
 
-For position m and pair i, with (a, b) the two channels of the pair,
+For position m and pair i with channels (a, b): a' = a cos(m theta_i) - b sin(m theta_i),
+b' = a sin(m theta_i) + b cos(m theta_i), the block-diagonal R_{Theta,m} of RoFormer eq. (15).
+``"interleaved"`` pairs channels (2i, 2i+1) (RoFormer, GPT-J, Meta's Llama), ``"half"``
+(i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
-    a' = a cos(m theta_i) - b sin(m theta_i)
-    b' = a sin(m theta_i) + b cos(m theta_i),
-
-which is multiplication by the block-diagonal matrix R_{Theta,m} of RoFormer eq. (15). The
-layout says which channels pair up: ``"interleaved"`` pairs (2i, 2i+1) (RoFormer, GPT-J,
-Meta's Llama), ``"half"`` pairs (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
-
-A call goes down these layers once and never calls back into a layer above it:
-
-    rotation      apply_rope, apply_rope_qk, apply_rope_qk_to_cache (the public entries)
-    distributed   (DTensor calls only) the DTensors' arguments as plain tensors
-    plans         (the device route only) the plan of a call's signature
-    kernels       the operators ropelib::rotate, ... and their fakes; the backend's choice
-    native | triton_rope | eager    the backends
-    _checks       the checks, and ``watcher``: who watches a call (every layer asks it)
-
-``apply_rope`` here checks the arguments and selects the table rows of x's positions (a
-view, or a gather for ``positions``; multi-axis positions with ``axes`` are handed on, for
-the kernel to read the rows itself). What happens next is decided by one answer,
-``watcher``'s: an eager call nobody watches goes straight to the backend
-(``kernels.run_backend``), through one autograd node (``_EagerRotation``) when it records
-autograd; a call under a compiler, tracer, dispatch mode or with DTensors goes through the
-operator ``ropelib::rotate``, which they see as one node; under a ``torch.func`` transform
-or forward-mode AD the rotation is PyTorch operations (``eager.rotate_composite``). The
-gradient of a rotation is the rotation by the opposite angle, so the autograd formula
-registered here for that operator is the same operator with ``inverse=True`` (sin read as
--sin). On the device route each public function first looks its call's signature up in
-``ropelib.plans``: a call seen before checks only its addresses and launches the Triton
-kernel as the first call prepared it. Nothing is cached on the caller's tensors: every call
-works from the tensors it is given.
+The top layer: rotation (here) -> distributed (DTensor calls) -> kernels (operators,
+autograd, backend choice) -> native | triton_rope | eager -> _checks. ``apply_rope`` and
+``apply_rope_qk`` check what is theirs and call ``_rotate``, which checks the rest, selects
+the table rows (``_rows``: a view, a gather, or positions handed on for the kernel to read)
+and takes the route ``watcher`` answers; ``apply_rope_qk_to_cache`` shares the checks, rows
+and plans and ends in ``kernels.rotate_qk_cache``. On the device route a call's signature
+keys a ``Plan`` in ``_plans``: the first call checks everything and keeps the Triton launch;
+a later call checks only its addresses and launches.
 """
 
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
-from typing import Literal
+from types import ModuleType
+from typing import Literal, NamedTuple
 
 import torch
 
-from . import distributed, eager, kernels, plans
+from . import distributed, eager, kernels
 from ._checks import (
     FLOAT_DTYPES,
     LAYOUTS,
@@ -51,6 +34,7 @@ from ._checks import (
     check_float_tensor,
     check_int_tensor,
     check_layout,
+    new_output,
     traced_nonnegative,
     tracing,
     watcher,
@@ -58,6 +42,9 @@ from ._checks import (
 
 Layout = Literal["interleaved", "half"]
 SHORT_TABLE_MODES = ("raise", "repeat_last")
+MAX_PLANS = 512  # signatures kept; the dict is emptied when full (a plan is cheap to remake)
+_OPTION_TYPES = (str, int, bool, type(None))
+Tensor = torch.Tensor
 
 
 def apply_rope(
@@ -76,77 +63,34 @@ def apply_rope(
             ``(..., seq, rotary_dim // 2)``.
         layout: ``"interleaved"`` (pairs (2i, 2i+1)) or ``"half"`` (pairs (i, i + d/2)).
         positions: integer positions ``(seq,)`` or ``(batch, seq)`` (one row per batch entry,
-            e.g. for left-padded batches); default ``offset .. offset + seq - 1``. With
-            ``axes``: multi-axis coordinates ``(seq, k)`` or ``(batch, seq, k)``.
-        offset: first position when ``positions`` is not given (KV-cache decoding); an int,
-            a NumPy integer or a 0-d integer tensor (on a GPU it is not read back: the step
-            can be captured in a CUDA graph). On a GPU the values of positions and offsets
-            are checked on the device (a device-side assert at the next synchronization), on
-            the CPU before anything runs (a ValueError).
-        rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim) and pass
-            the rest through unchanged, as GPT-NeoX and GPT-J do. Default: head_dim.
-        short_table: ``"raise"`` (default): a table shorter than the positions is an error.
-            ``"repeat_last"`` reuses the last row for positions past the table, the behaviour
-            of the module ropelib grew from; it silently destroys relative positions there.
-        out: optional destination with x's shape, dtype and device, e.g. a buffer you own or
-            ``x`` itself (in place); it may not share memory with cos or sin, nor elements
-            with x unless it is x. Not differentiable: use it under ``torch.no_grad()`` or
-            for tensors that do not require grad.
-        axes: multi-axis RoPE whose pairs each follow one axis (M-RoPE, Qwen2-VL; Wang et
-            al. 2024): integer ``(rotary_dim // 2,)``, the coordinate each pair turns with
-            (``RotaryEmbedding.pair_axes``, ``ropelib.multiaxis.axis_of_pairs``). Pair i of a token at
-            coordinates p then reads row ``p[axes[i]]`` of the 2-D tables, which hold the
-            diagonal's angles m * theta_i. On the CPU the compiled loop reads those rows
-            itself, a tile of tokens at a time reused across heads, instead of gathering
-            ``(seq, rotary_dim // 2)`` rows first.
+            e.g. left-padded batches); default ``offset .. offset + seq - 1``. With ``axes``:
+            multi-axis coordinates ``(seq, k)`` or ``(batch, seq, k)``.
+        offset: first position without ``positions`` (KV-cache decoding): an int, a NumPy
+            integer or a 0-d integer tensor (on a GPU not read back, so the step can be
+            captured in a CUDA graph). Positions and offsets are checked on the device on a
+            GPU (a device-side assert at the next synchronization), else before anything
+            runs (a ValueError).
+        rotary_dim: rotate only the first ``rotary_dim`` channels (even, <= head_dim), pass
+            the rest through, as GPT-NeoX and GPT-J do. Default: head_dim.
+        short_table: ``"raise"`` (default): a table shorter than the positions is an error;
+            ``"repeat_last"`` reuses its last row past its end (the behaviour of the module
+            ropelib grew from; it silently destroys relative positions there).
+        out: destination with x's shape, dtype and device (a buffer, or ``x`` itself: in
+            place); it may not share memory with cos or sin, nor elements with x unless it
+            is x. Not differentiable: use it under ``torch.no_grad()`` or without grads.
+        axes: multi-axis RoPE (M-RoPE, Qwen2-VL; Wang et al. 2024): integer ``(rotary_dim //
+            2,)``, the coordinate each pair turns with (``RotaryEmbedding.pair_axes``,
+            ``ropelib.multiaxis.axis_of_pairs``): pair i of a token at coordinates p reads
+            row ``p[axes[i]]`` of the 2-D tables. On the CPU the compiled loop reads those
+            rows itself, a tile of tokens at a time, without gathering them first.
 
     Returns:
-        A new tensor with the shape and dtype of x, or ``out``. On a GPU the new tensor
-        takes x's memory layout where x is dense with contiguous channels (as PyTorch's
-        elementwise operations do: a ``(batch, seq, heads, dim)`` view stays one, which
-        attention reads without a copy); on the CPU it is contiguous.
+        A new tensor with x's shape and dtype, or ``out``: on a GPU in x's memory layout
+        where x is dense with contiguous channels (a ``(batch, seq, heads, dim)`` view stays
+        one, as with PyTorch's elementwise operations), on the CPU contiguous.
     """
-    key = None
-    if _on_device(x):
-        given = _caller_tensors(cos, sin, positions, offset, axes)
-        key, plan = _signature((x,), (out,), given, (layout, rotary_dim, short_table),
-                               positions, offset)
-        if plan is not None and plan.kernel is not None:
-            return _run_plan(plan, (x,), (out,), given)[0]
-    watched = watcher(x, cos, sin, positions, offset, axes, written=(out,))
-    if watched == "dispatcher" and not type(x) is type(cos) is type(sin) is torch.Tensor:
-        cos, sin, positions, axes = distributed.plain_arguments((x,), cos, sin, positions, axes)
-    rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table)
-    if out is not None:
-        _check_out(out, x, cos, sin)
-    cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
-                                                 short_table, axes, watched)
-    if key is not None:
-        plan = plans.make(key, [x], [out], cos, sin, layout, rd, coordinates, axes, pending,
-                          given)
-        if plan is not None and plan.kernel is not None:
-            return _run_plan(plan, (x,), (out,), given)[0]
-    if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
-        coordinates, pending = kernels.resolve_pending(x, cos, coordinates, axes, pending), None
-        cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
-                                                                       axes)
-    if watched == "transform":
-        kernels.check_forced_under_transform(x)
-        coordinates = kernels.resolve_pending(x, cos, coordinates, axes, pending)
-        rotated = eager.rotate_composite(x, cos, sin, layout, rd, coordinates, axes)
-        return rotated if out is None else out.copy_(rotated)
-    if out is None:
-        if watched is None:
-            if not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
-                                                 or sin.requires_grad)):
-                return kernels.run_backend([x], [None], cos, sin, layout, rd, False,
-                                           coordinates, axes, pending)[0]
-            if _eager_training_step(cos, sin, x):
-                return _eager_rotation(x, None, cos, sin, layout, rd, False, coordinates,
-                                       axes, pending)
-        return kernels.rotate(x, cos, sin, layout, rd, False, coordinates, axes, pending)
-    kernels.rotate_out(x, cos, sin, layout, rd, out, coordinates, axes, pending)
-    return out
+    return _rotate((x,), (out,), cos, sin, layout, positions, offset, rotary_dim, short_table,
+                   axes)[0]
 
 
 def apply_rope_qk(
@@ -156,8 +100,8 @@ def apply_rope_qk(
     out: tuple[torch.Tensor, torch.Tensor] | None = None, inplace: bool = False,
     axes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate a query and a key at the same positions: ``(apply_rope(q, ...), apply_rope(k,
-    ...))``, in one kernel launch on a GPU (the table rows read once for both).
+    """``(apply_rope(q, ...), apply_rope(k, ...))`` at the same positions, in one kernel
+    launch on a GPU (the table rows read once for both).
 
     Args:
         q: ``(..., heads_q, seq, head_dim)``, e.g. ``(batch, heads_q, seq, head_dim)``.
@@ -174,69 +118,14 @@ def apply_rope_qk(
     """
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
-    given = _caller_tensors(cos, sin, positions, offset, axes)
-    if out is None:
-        outs = (q, k) if inplace else (None, None)
-    else:
-        outs = None if inplace else out  # both given: refused below
-    key, plan = _signature((q, k), outs, given, (layout, rotary_dim, short_table), positions,
-                           offset)
-    if plan is not None and plan.kernel is not None:
-        q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
-        return q_rot, k_rot
-    watched = watcher(q, k, cos, sin, positions, offset, axes,
-                      written=out if type(out) in (tuple, list) else (out,))
-    if watched == "dispatcher" and not type(q) is type(k) is type(cos) is type(sin) is (
-            torch.Tensor):
-        cos, sin, positions, axes = distributed.plain_arguments((q, k), cos, sin, positions, axes)
-    rd, offset = _check_arguments(q, cos, sin, layout, offset, rotary_dim, short_table, "q")
-    check_float_tensor("k", k)
-    if (k.ndim != q.ndim or q.ndim < 3 or k.shape[:-3] != q.shape[:-3]
-            or k.shape[-2:] != q.shape[-2:] or k.dtype != q.dtype or k.device != q.device):
-        raise ValueError(f"k must have q's shape but for the heads dim (-3), q's dtype and "
-                         f"device: q is {tuple(q.shape)} {q.dtype} on {q.device}, got k "
-                         f"{tuple(k.shape)} {k.dtype} on {k.device}")
-    if cos.ndim > 2 and cos.shape[-3] not in (1, k.shape[-3]):
-        raise ValueError(f"gathered cos/sin {tuple(cos.shape)} have a heads dim of "
-                         f"{cos.shape[-3]}, which k's {k.shape[-3]} heads cannot share; pass "
-                         "rows broadcast over the heads (size 1 there)")
-    if inplace:
-        if out is not None:
-            raise ValueError("pass either out=(q_out, k_out) or inplace=True, not both")
-        out = (q, k)
-    if out is not None:
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TypeError(f"out must be a pair (q_out, k_out), got {type(out).__name__}")
-        for name, t, x_name in (("q_out", out[0], "q"), ("k_out", out[1], "k")):
-            _check_out(t, q if x_name == "q" else k, cos, sin, name, x_name, inplace)
-    cos, sin, coordinates, axes, pending = _rows(q, cos, sin, positions, offset, rd,
-                                                 short_table, axes, watched)
-    if key is not None:
-        plan = plans.make(key, [q, k], list(outs), cos, sin, layout, rd, coordinates, axes,
-                          pending, given)
-        if plan is not None and plan.kernel is not None:
-            q_rot, k_rot = _run_plan(plan, (q, k), outs, given)
-            return q_rot, k_rot
-    if type(q) is not torch.Tensor:
-        coordinates, pending = kernels.resolve_pending(q, cos, coordinates, axes, pending), None
-        cos, sin, coordinates, axes = distributed.replicated_arguments(q, cos, sin, coordinates,
-                                                                       axes)
-    if watched == "transform":
-        kernels.check_forced_under_transform(q)
-        coordinates = kernels.resolve_pending(q, cos, coordinates, axes, pending)
-        rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
-                   for t in (q, k)]
-        if out is None:
-            return rotated[0], rotated[1]
-        return out[0].copy_(rotated[0]), out[1].copy_(rotated[1])
-    if out is None:
-        if watched is None and _eager_training_step(cos, sin, q, k):
-            return _eager_rotation(q, k, cos, sin, layout, rd, False, coordinates, axes,
-                                   pending)
-        return kernels.rotate_qk(q, k, cos, sin, layout, rd, False, coordinates, axes, pending)
-    kernels.rotate_qk_out(q, k, cos, sin, layout, rd, out[0], out[1], coordinates, axes,
-                          pending)
-    return out[0], out[1]
+    if inplace and out is not None:
+        raise ValueError("pass either out=(q_out, k_out) or inplace=True, not both")
+    if out is not None and not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise TypeError(f"out must be a pair (q_out, k_out), got {type(out).__name__}")
+    outs = (q, k) if inplace else (None, None) if out is None else tuple(out)
+    q_rot, k_rot = _rotate((q, k), outs, cos, sin, layout, positions, offset, rotary_dim,
+                           short_table, axes, inplace)
+    return q_rot, k_rot
 
 
 def apply_rope_qk_to_cache(
@@ -246,14 +135,10 @@ def apply_rope_qk_to_cache(
     rotary_dim: int | None = None, short_table: Literal["raise", "repeat_last"] = "raise",
 ) -> torch.Tensor:
     """One decode step's RoPE and KV-cache write: q rotated, k rotated straight into its
-    cache slots ``cache_position + 0 .. n - 1`` and v copied into the same slots.
-
-    On a GPU in eager mode this is one launch of the Triton kernel: the rotated key never
-    makes a round trip through memory, and ``cache_position`` and the positions are read on
-    the device (their range asserted there), so the step can be captured in a CUDA graph.
-    On the CPU the compiled loop rotates k straight into its slots and v is copied (one pass
-    over each); compiled or traced, or under autograd, the rotation is followed by
-    ``index_copy_`` into the caches.
+    cache slots ``cache_position + 0 .. n - 1`` and v copied into the same slots: one
+    Triton launch on a GPU in eager mode (slot and positions read and range-checked on the
+    device: the step can be captured in a CUDA graph), the compiled loop into the slots on
+    the CPU, the rotation then ``index_copy_`` when compiled, traced or under autograd.
 
     Args:
         q: ``(..., heads_q, n, head_dim)``.
@@ -263,33 +148,28 @@ def apply_rope_qk_to_cache(
             broadcast to q and k).
         key_cache, value_cache: ``(..., heads_k, capacity, head_dim)``, k's dtype and device.
         cache_position: the slot of the first new token, a 0-d integer tensor.
-        positions: ``(n,)`` or ``(batch, n)``; default (2-D tables) the slots
-            ``cache_position + 0 .. n - 1``.
+        positions: ``(n,)`` or ``(batch, n)``; default (2-D tables) the slots.
 
     Returns:
-        q rotated, a new tensor (laid out as ``apply_rope``'s); the caches are written in
-        place.
+        q rotated, a new tensor (laid out as ``apply_rope``'s); the caches written in place.
 
     Raises:
-        ValueError: before anything is written, for arguments of the wrong shape, dtype or
-            device, caches of two capacities or sharing memory, and (where they are on the
-            host) slots outside the capacity or positions outside the table.
+        ValueError: before anything is written: arguments of the wrong shape, dtype or
+            device, caches of two capacities or sharing memory, and (where on the host)
+            slots outside the capacity or positions outside the table.
     """
+    xs, outs = (q, k, v), (None, key_cache, value_cache)
     slots_are_positions = positions is None and isinstance(cos, torch.Tensor) and cos.ndim == 2
     given = (cos, sin, cache_position if slots_are_positions else positions, None,
              cache_position)
-    key, plan = _signature((q, k, v), (None, key_cache, value_cache), given,
-                           (layout, rotary_dim, short_table))
-    if plan is not None and plan.kernel is not None:
-        return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
+    key = plan = None
+    if type(q) is torch.Tensor and _on_device(q):
+        key, plan = _signature(xs, outs, given, (layout, rotary_dim, short_table))
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, xs, outs, given)[0]
     rd, _ = _check_arguments(q, cos, sin, layout, 0, rotary_dim, short_table)
     for name, t in (("k", k), ("v", v)):
-        check_float_tensor(name, t)
-        if (t.ndim != q.ndim or q.ndim < 3 or t.shape[:-3] != q.shape[:-3]
-                or t.shape[-2:] != q.shape[-2:] or t.dtype != q.dtype or t.device != q.device):
-            raise ValueError(f"{name} must have q's shape but for the heads dim (-3), q's dtype "
-                             f"and device: q is {tuple(q.shape)} {q.dtype} on {q.device}, got "
-                             f"{name} {tuple(t.shape)} {t.dtype} on {t.device}")
+        _check_like_q(name, t, q)
     if v.shape != k.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
@@ -320,68 +200,193 @@ def apply_rope_qk_to_cache(
     offset = start if positions is None and cos.ndim == 2 else 0  # the slots are the positions
     cos, sin, coordinates, _, pending = _rows(q, cos, sin, positions, offset, rd, short_table,
                                               None, "dispatcher")
-    if key is not None:
-        plan = plans.make(key, [q, k, v], [None, key_cache, value_cache], cos, sin, layout, rd,
-                          coordinates, None, pending, given, slot)
+    if key is not None and plan is None:
+        plan = _make_plan(key, xs, outs, cos, sin, layout, rd, coordinates, None, pending,
+                          given, slot)
         if plan is not None and plan.kernel is not None:
-            return _run_plan(plan, (q, k, v), (None, key_cache, value_cache), given)[0]
+            return _run_plan(plan, xs, outs, given)[0]
     return kernels.rotate_qk_cache(q, k, v, cos, sin, layout, rd, key_cache, value_cache, slot,
                                    coordinates, pending)
 
 
-def _caller_tensors(cos: object, sin: object, positions: object, offset: object, axes: object
-                    ) -> tuple:
-    """(cos, sin, the coordinates, axes) as the caller gave them, for ``plans``: the
-    coordinates are the positions, or a 0-d offset tensor (None for an int offset)."""
-    return cos, sin, positions if positions is not None else (
-        offset if isinstance(offset, torch.Tensor) else None), axes
+def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+            positions: torch.Tensor | None, offset: object, rotary_dim: int | None,
+            short_table: str, axes: torch.Tensor | None, inplace: bool = False
+            ) -> Sequence[torch.Tensor]:
+    """The one path of ``apply_rope`` (xs ``(x,)``) and ``apply_rope_qk`` (``(q, k)``), outs
+    one per x (None: new): a planned call launches; else the checks, the rows, a plan kept,
+    and the route ``watcher`` answers. Returns the rotated tensors."""
+    x = xs[0]
+    given = (cos, sin, positions if positions is not None else (
+        offset if isinstance(offset, torch.Tensor) else None), axes)
+    key = plan = None
+    if type(x) is torch.Tensor and _on_device(x):
+        key, plan = _signature(xs, outs, given, (layout, rotary_dim, short_table), positions,
+                               offset)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, xs, outs, given)
+    watched = watcher(*xs, cos, sin, positions, offset, axes, written=outs)
+    if watched == "dispatcher" and not all(type(t) is torch.Tensor for t in (*xs, cos, sin)):
+        cos, sin, positions, axes = distributed.plain_arguments(xs, cos, sin, positions, axes)
+    rd, offset = _check_arguments(x, cos, sin, layout, offset, rotary_dim, short_table,
+                                  "x" if len(xs) == 1 else "q")
+    if len(xs) == 2:
+        k = xs[1]
+        _check_like_q("k", k, x)
+        if cos.ndim > 2 and cos.shape[-3] not in (1, k.shape[-3]):
+            raise ValueError(f"gathered cos/sin {tuple(cos.shape)} have a heads dim of "
+                             f"{cos.shape[-3]}, which k's {k.shape[-3]} heads cannot share; "
+                             "pass rows broadcast over the heads (size 1 there)")
+    if outs[0] is not None:
+        for (name, x_name), t, out in zip(kernels.OUT_NAMES[len(xs)], xs, outs, strict=True):
+            _check_out(out, t, cos, sin, name, x_name, inplace)
+    cos, sin, coordinates, axes, pending = _rows(x, cos, sin, positions, offset, rd,
+                                                 short_table, axes, watched)
+    if key is not None and plan is None:
+        plan = _make_plan(key, xs, outs, cos, sin, layout, rd, coordinates, axes, pending,
+                          given)
+        if plan is not None and plan.kernel is not None:
+            return _run_plan(plan, xs, outs, given)
+    if type(x) is not torch.Tensor:  # a DTensor x gets the rows as replicated DTensors
+        coordinates, pending = kernels.resolve_pending(x, cos, coordinates, axes, pending), None
+        cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
+                                                                       axes)
+    if watched == "transform":
+        kernels.check_forced_under_transform(x)
+        coordinates = kernels.resolve_pending(x, cos, coordinates, axes, pending)
+        rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
+                   for t in xs]
+        return rotated if outs[0] is None else [
+            o.copy_(r) for o, r in zip(outs, rotated, strict=True)]
+    if outs[0] is None and watched is None and torch.is_grad_enabled() and (
+            x.requires_grad or xs[-1].requires_grad or cos.requires_grad or sin.requires_grad):
+        if not (cos.requires_grad or sin.requires_grad):  # an eager training step
+            rotated = kernels.eager_rotation(x, xs[1] if len(xs) == 2 else None, cos, sin,
+                                             layout, rd, False, coordinates, axes, pending)
+            return (rotated,) if len(xs) == 1 else rotated
+    elif outs[0] is None and watched is None:
+        return kernels.run_backend(xs, outs, cos, sin, layout, rd, False, coordinates, axes,
+                                   pending)
+    return kernels.rotate_each(xs, outs, cos, sin, layout, rd, False, coordinates, axes,
+                               pending)
 
 
-def _signature(xs: tuple, outs: object, given: tuple, options: tuple,
-               positions: object = None, offset: object = 0
-               ) -> tuple[tuple | None, plans.Plan | None]:
-    """``plans.signature`` (key, plan) of a call on the device route (``_on_device``) with
-    x's ``xs``,
-    their destinations ``outs`` (None: new), the caller's tensors ``given``
-    (``_caller_tensors``, with a cache step's slot) and options, with whether every
-    destination is its x (``plans.in_place``). (None, None) for a call that takes the full
-    path: x
-    not a plain tensor, on the host or recording autograd, ``outs`` not one per x, anybody
-    watching the call (``watcher``), an offset with positions or an int offset
-    other than 0 (its rows are a slice that depends on the value)."""
-    if (type(xs[0]) is not torch.Tensor or not _on_device(xs[0])
-            or (torch.is_grad_enabled() and xs[0].requires_grad)
-            or not (type(outs) in (tuple, list) and len(outs) == len(xs))
-            or watcher(*xs, *given, written=outs) is not None):
+class Plan(NamedTuple):
+    """A signature's plan: ``kernel`` (the Triton backend) and its prepared ``launch`` (None:
+    empty tensors), or kernel None: another backend takes such calls (the full path);
+    ``extents``: the bytes each tensor of ``_kept_apart`` spans; ``in_place``: outs are xs."""
+
+    kernel: ModuleType | None
+    launch: object = None
+    extents: tuple[int, ...] = ()
+    in_place: bool = False
+
+
+_plans: dict[tuple, Plan] = {}
+
+
+def _signature(xs: tuple, outs: tuple, given: tuple, options: tuple, positions: object = None,
+               offset: object = 0) -> tuple[tuple | None, Plan | None]:
+    """(key, the plan kept under it or None) of a device call: ``ROPELIB_BACKEND``, options,
+    in place or not, and each tensor's shape, strides, dtype, device and negation bit
+    (``given``: the caller's cos, sin, coordinates, axes, slot). (None, None) where no plan
+    serves: anybody watching, autograd, a tensor subclass, an int offset other than 0."""
+    grad = torch.is_grad_enabled()
+    if ((grad and xs[0].requires_grad) or watcher(*xs, *given, written=outs) is not None
+            or not ((type(offset) is int and offset == 0)
+                    or (isinstance(offset, torch.Tensor) and positions is None))):
         return None, None
-    if not ((type(offset) is int and offset == 0)
-            or (isinstance(offset, torch.Tensor) and positions is None)):
-        return None, None
-    in_place = all(map(operator.is_, xs, outs))  # plans.in_place, without a call
-    return plans.signature((*xs, *outs, *given), (*options, in_place))
+    for option in options:
+        if type(option) not in _OPTION_TYPES:
+            return None, None
+    key = [os.environ.get("ROPELIB_BACKEND"), *options, all(map(operator.is_, xs, outs))]
+    for t in (*xs, *outs, *given):  # one pass: each tensor checked and keyed
+        if t is None:
+            key.append(None)
+        elif type(t) is torch.Tensor and not (grad and t.requires_grad):
+            key.append((t.shape, t.stride(), t.dtype, t.device, t.is_neg()))
+        else:
+            return None, None
+    key = tuple(key)
+    return key, _plans.get(key)
 
 
-def _run_plan(plan: plans.Plan, xs: tuple, outs: Sequence[torch.Tensor | None],
-              given: tuple) -> list[torch.Tensor]:
-    """A call on its ``plan``: what depends on addresses checked (destinations given that
-    meet what the rotation reads or writes, two caches sharing memory: exactly, where their
-    spans meet, ``plans.apart``), one launch, the given destinations' version counters
-    bumped as by any in-place write. ``given``: ``_caller_tensors`` (and a cache step's
-    slot). Returns the destinations."""
+def _make_plan(key: tuple, xs: tuple, outs: tuple, cos: Tensor, sin: Tensor, layout: str,
+               rd: int, coordinates: Tensor | None, axes: Tensor | None,
+               pending: kernels.UncheckedRange | None, given: tuple,
+               slot: Tensor | None = None) -> Plan | None:
+    """The plan of a checked call, kept under ``key``: the Triton kernel's prepared launch
+    where each operand starts at its caller's tensor (``given``: later launches take
+    those), else ``Plan(None)``; None when the backend refuses the call (the full path
+    raises)."""
+    try:
+        backend, assessed = kernels.choose_backend(xs, outs, cos, sin, rd, coordinates)
+    except ValueError:
+        return None
+    operands = (cos, sin, coordinates, axes) + (() if slot is None else (slot,))
+    own = all(a is None if b is None else (a is not None and a.data_ptr() == b.data_ptr())
+              for a, b in zip(operands, given, strict=True))
+    plan = Plan(None)
+    if backend.prepare is not None and own:
+        same = all(map(operator.is_, xs, outs))
+        spans = map(kernels.byte_span, _kept_apart(xs, outs, cos, sin, same))
+        plan = Plan(backend, backend.prepare(assessed, xs, outs, layout, rd, False, axes,
+                                             pending, slot is not None, same),
+                    tuple(end - start for start, end in spans), same)
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
+def _run_plan(plan: Plan, xs: tuple, outs: tuple, given: tuple) -> list[Tensor]:
+    """A planned call: its addresses checked (exactly where the spans of ``_kept_apart``
+    meet), one launch, the destinations' versions bumped. Returns the outputs."""
     cos, sin, coordinates, axes = given[:4]
     slot = given[4] if len(given) > 4 else None
     written = outs[1:] if slot is not None else outs if outs[0] is not None else ()
     if written:
-        if not plans.apart(plan, plans.checked(xs, outs, cos, sin, plan.in_place)) or (
-                written[0].is_inference() or written[-1].is_inference()):  # one or two
+        if not _apart(plan, _kept_apart(xs, outs, cos, sin, plan.in_place)) or (
+                written[0].is_inference() or written[-1].is_inference()):
             if slot is not None:
                 _check_caches_apart(outs[1], outs[2])
             else:
                 kernels.check_out_memory(xs, outs, cos, sin, kernels.OUT_NAMES[len(xs)])
-    done = plans.run(plan, xs, outs, cos, sin, coordinates, axes, slot)
+    done = [new_output(x) if o is None else o for x, o in zip(xs, outs, strict=True)]
+    plan.kernel.launch(plan.launch, xs, done, cos, sin, coordinates, axes, slot)
     if written:
         torch.autograd.graph.increment_version(written)
     return done
+
+
+def _kept_apart(xs: tuple, outs: tuple, cos: Tensor, sin: Tensor,
+                in_place: bool) -> tuple[Tensor, ...]:
+    """The tensors a call must keep apart: x's, tables and destinations given (none in place,
+    nothing for new ones); a cache step's two caches."""
+    if outs[0] is None:
+        return tuple(o for o in outs if o is not None)
+    return (*xs, cos, sin) if in_place else (*xs, *outs, cos, sin)
+
+
+def _apart(plan: Plan, tensors: Sequence[Tensor]) -> bool:
+    """Whether ``tensors``, each spanning ``plan.extents`` bytes from its address, meet
+    nowhere; where two meet, the exact checks decide."""
+    last = 0
+    for start, extent in sorted(zip(map(Tensor.data_ptr, tensors), plan.extents, strict=True)):
+        if start < last:
+            return False
+        last = start + extent
+    return True
+
+
+def _check_like_q(name: str, t: object, q: torch.Tensor) -> None:
+    """k (or v) of q's shape but for the heads dim (-3), q's dtype and device."""
+    check_float_tensor(name, t)
+    if (t.ndim != q.ndim or q.ndim < 3 or t.shape[:-3] != q.shape[:-3]
+            or t.shape[-2:] != q.shape[-2:] or t.dtype != q.dtype or t.device != q.device):
+        raise ValueError(f"{name} must have q's shape but for the heads dim (-3), q's dtype "
+                         f"and device: q is {tuple(q.shape)} {q.dtype} on {q.device}, got "
+                         f"{name} {tuple(t.shape)} {t.dtype} on {t.device}")
 
 
 def _check_caches_apart(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
@@ -396,62 +401,134 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           axes: object, watched: str | None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                      kernels.UncheckedRange | None]:
-    """(cos, sin, coordinates, axes, pending) for the operator: the rows of x's positions (a
-    view or a gather), or with ``axes`` the 2-D tables and the checked multi-axis coordinates,
-    which the kernel reads the rows through. On a device in eager mode, positions and a 0-d
-    offset tensor go on as coordinates whose range is still ``pending`` (checked where the
-    rotation runs, in the Triton kernel's one launch: no operation of their own).
-    ``watched``: ``watcher``'s answer (None: no compiler or tracer records the call)."""
-    traced = watched is not None and tracing()
-    if axes is None and positions is None and type(offset) is int and (
-            cos.ndim == 2 or not offset):  # the rows of x's own positions
-        if cos.ndim == 2:
-            cos, sin = _select_rows(cos, sin, x, None, offset, short_table, traced)
-        return cos, sin, None, None, None
-    deferred = not traced and _on_device(x)
-    if axes is not None:
-        if cos.ndim != 2:
+    """(cos, sin, coordinates, axes, pending) for the kernels: the rows of x's positions (a
+    slice or a gather, shaped to broadcast against x), or the 2-D tables with coordinates
+    ``(1 or batch, 1, ..., seq, k)`` the kernel reads the rows through (with ``axes``; on a
+    device in eager mode positions and a 0-d offset, their range still ``pending``)."""
+    if cos.ndim != 2:  # rows already gathered
+        if axes is not None:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
                              f"given here are already gathered (shape {tuple(cos.shape)})")
-        coordinates, axes = _check_axes(positions, axes, x, rd, offset, cos, short_table,
-                                        deferred)
-        return cos, sin, coordinates, axes, _pending(cos, short_table, deferred, False)
-    if cos.ndim == 2:
-        if positions is None and isinstance(offset, torch.Tensor):  # an offset on the device
-            if deferred:
-                return (cos, sin, offset.reshape((1,) * x.ndim), None,
-                        _pending(cos, short_table, True, True))
-            positions, offset = offset + torch.arange(x.shape[-2], device=offset.device), 0
-        if positions is not None and deferred:
-            return (cos, sin, _device_coordinates(positions, x, offset, cos), None,
-                    _pending(cos, short_table, True, False))
-        cos, sin = _select_rows(cos, sin, x, positions, offset, short_table, traced)
-    elif positions is not None or _given(offset):
-        raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
-                         f"are already gathered (shape {tuple(cos.shape)})")
-    return cos, sin, None, None, None
+        if positions is not None or _given(offset):
+            raise ValueError("positions/offset select rows of a 2-D table; cos/sin given here "
+                             f"are already gathered (shape {tuple(cos.shape)})")
+        return cos, sin, None, None, None
+    traced = watched is not None and tracing()
+    seq, table_len = x.shape[-2], cos.shape[0]
+    if axes is None and positions is None and not isinstance(offset, torch.Tensor):
+        needed = offset + seq  # x's own rows: a slice
+        if not traced and not offset and needed == table_len:
+            return cos, sin, None, None, None  # a graph keeps the slice (other lengths)
+        if needed <= table_len:
+            return cos[offset:needed], sin[offset:needed], None, None, None
+        if short_table == "raise" or table_len == 0:
+            raise ValueError(
+                f"cos has {table_len} rows but positions {offset}..{needed - 1} need "
+                f"{needed} (seq_len={seq}, offset={offset}); generate a longer table, "
+                f"e.g. generate_rope_embeddings({needed}, head_dim)")
+        index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
+        return cos[index], sin[index], None, None, None
+    deferred = not traced and _on_device(x)
+    clamp = short_table == "repeat_last" and table_len > 0
+    if positions is None and axes is None:  # a 0-d offset tensor
+        if deferred:
+            return (cos, sin, offset.reshape((1,) * x.ndim), None,
+                    kernels.UNCHECKED_RANGES[clamp, True])
+        positions, offset = offset + torch.arange(seq, device=offset.device), 0
+    positions, axes = _check_positions(positions, x, offset, table_len, short_table, deferred,
+                                       axes, rd)
+    dims = 1 + (axes is not None)
+    lead = (1,) * (x.ndim - 2) if positions.ndim == dims else (
+        positions.shape[:1] + (1,) * (x.ndim - 3))
+    if axes is not None or deferred:
+        coordinates = positions if axes is not None else positions[..., None]
+        return (cos, sin, coordinates.reshape(lead + coordinates.shape[-2:]).to(cos.device),
+                None if axes is None else axes.to(cos.device),
+                kernels.UNCHECKED_RANGES[clamp, False] if deferred else None)
+    index = positions.reshape(lead + positions.shape[-1:]).to(cos.device)
+    return cos[index], sin[index], None, None, None
 
 
 def _on_device(x: torch.Tensor) -> bool:
-    """Whether x's values live off the host, where reading one would wait for the device:
-    then positions are not read but handed on (``_rows``)."""
+    """Whether x's values live off the host (reading one would wait for the device)."""
     return x.device.type != "cpu"
 
 
-def _pending(cos: torch.Tensor, short_table: str, deferred: bool, step: bool
-             ) -> kernels.UncheckedRange | None:
-    """What deferred coordinates leave to the rotation (``kernels.UncheckedRange``); None when
-    they were checked here."""
-    if not deferred:
-        return None
-    return kernels.UNCHECKED_RANGES[short_table == "repeat_last" and cos.shape[0] > 0, step]
+def _given(offset: int | torch.Tensor) -> bool:
+    """Whether an offset was given (a tensor always counts)."""
+    return isinstance(offset, torch.Tensor) or offset != 0
+
+
+def _check_positions(positions: torch.Tensor | None, x: torch.Tensor, offset: object,
+                     table_len: int, short_table: str, deferred: bool,
+                     axes: object, rd: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(positions, axes) as int64 (uint8 would index as a mask), checked: on the host where
+    they are there, else asserted on their device; ``deferred`` (eager on a device): only
+    their shapes (the kernel checks the values). With ``axes`` (multi-axis) positions are
+    ``(seq, k)`` or ``(batch, seq, k)``; clamped to the table for ``repeat_last``."""
+    seq, batch = x.shape[-2], x.shape[0] if x.ndim >= 3 else "batch"
+    multi = axes is not None
+    if multi:
+        axes = check_int_tensor("axes", axes)
+        if axes.shape != (rd // 2,):
+            raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
+                             f"rotary_dim // 2), got {tuple(axes.shape)}")
+        if positions is None:
+            raise ValueError(f"axes needs multi-axis positions of shape ({seq}, k) or (batch, "
+                             f"{seq}, k)")
+    positions = check_int_tensor("positions", positions)
+    dims = 1 + multi
+    if not (positions.ndim == dims or positions.ndim == dims + 1 and x.ndim >= 3
+            and positions.shape[0] in (1, x.shape[0])) or positions.shape[-dims] != seq or (
+            multi and positions.shape[-1] < 1):
+        one, two = (", k", ", k") if multi else (",", "")
+        raise ValueError(f"positions{' with axes' if multi else ''} must have shape (seq_len"
+                         f"{one}) = ({seq}{one}) or (batch, seq_len{two}) = ({batch}, {seq}"
+                         f"{two}), got {tuple(positions.shape)}")
+    if _given(offset):
+        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
+                         "add the offset to positions instead")
+    if deferred:
+        return positions, axes
+    k = positions.shape[-1]
+    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
+        if multi:
+            torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+        if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
+            positions = traced_nonnegative(positions)
+        within = positions >= 0
+        if short_table == "raise":
+            within &= positions < table_len
+        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
+                            "length (rows 0 .. table_len - 1)")
+    else:
+        bounds = [*torch.aminmax(axes)] if multi else []
+        if positions.numel():
+            bounds += [t.to(bounds[0].device) if multi else t for t in torch.aminmax(positions)]
+        bounds = torch.stack(bounds).tolist() if bounds else []  # one read of the device
+        if multi and (bounds[0] < 0 or bounds[1] >= k):
+            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
+                             f"got values in [{bounds[0]}, {bounds[1]}]")
+        if positions.numel():
+            low, high = bounds[-2:]
+            if low < 0:
+                raise ValueError(f"positions must be >= 0, got min {low}")
+            if high >= table_len and (short_table == "raise" or not table_len):
+                longer = (f"RotaryEmbedding.tables({high + 1})" if multi
+                          else f"generate_rope_embeddings({high + 1}, head_dim)")
+                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
+                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
+                                 f"a longer table, e.g. {longer}")
+    if short_table == "repeat_last" and table_len:
+        positions = positions.clamp_max(table_len - 1)
+    return positions, axes
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
                      offset: object, rotary_dim: int | None, short_table: str,
                      name: str = "x") -> tuple[int, int]:
-    """Checks everything but ``out`` and ``positions`` (``name``: what the caller calls x);
-    returns (rotary_dim, offset as int)."""
+    """Checks all but ``out`` and ``positions`` (``name``: the caller's name for x); returns
+    (rotary_dim, offset)."""
     if layout not in LAYOUTS:
         check_layout(layout)
     if short_table not in SHORT_TABLE_MODES:
@@ -494,9 +571,8 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 
 
 def check_offset(offset: object) -> int | torch.Tensor:
-    """offset as an int: a Python or NumPy integer, or a 0-d integer tensor (not a bool); a
-    0-d integer tensor on a GPU stays a tensor (reading it would wait for the device), and
-    is checked there."""
+    """offset as a non-negative int (Python or NumPy integer, 0-d integer tensor); a 0-d
+    tensor on a GPU stays one (not read back; checked where its rows are used)."""
     if type(offset) is int and offset >= 0:
         return offset
     if isinstance(offset, torch.Tensor) and _on_device(offset):
@@ -515,8 +591,8 @@ def check_offset(offset: object) -> int | torch.Tensor:
 
 
 def _table_width_hint(width: int, head_dim: int, default_dim: bool) -> str:
-    """What to do with tables ``width`` columns wide that do not fit: a partial rotation,
-    or transformers' tables (``cat(freqs, freqs)``, as wide as the channels they rotate)."""
+    """What to do with tables ``width`` wide that do not fit: a partial rotation, or
+    transformers' tables (``cat(freqs, freqs)``)."""
     hints = []
     if default_dim and 2 * width <= head_dim:
         hints.append(f"for a partial rotation pass rotary_dim={2 * width}")
@@ -532,8 +608,8 @@ def _table_width_hint(width: int, head_dim: int, default_dim: bool) -> str:
 
 def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                name: str = "out", x_name: str = "x", inplace: bool = False) -> None:
-    """``out`` (called ``name``; ``q_out``/``k_out`` of ``apply_rope_qk``, which are q and k
-    themselves with ``inplace``) as a destination of x (``x_name``)."""
+    """``out`` (called ``name``) as a destination of x (``x_name``); ``inplace``: q_out and
+    k_out are q and k of ``apply_rope_qk(..., inplace=True)``."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
     dtensor = distributed.dtensor_class()
@@ -561,291 +637,3 @@ def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         raise ValueError(f"{name} has elements that share memory (stride 0 in a dim of size "
                          f"> 1, strides {strides}, e.g. from expand); pass a buffer made with "
                          f"torch.empty_like({x_name})")
-
-
-def _select_rows(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                 positions: torch.Tensor | None, offset: int, short_table: str, traced: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the (table_len, d/2) tables for x's positions, shaped to broadcast against x:
-    a slice (no copy) for ``offset .. offset + seq - 1``, else a gather. ``traced``: a
-    compiler or tracer records the call."""
-    seq_len, table_len = x.shape[-2], cos.shape[0]
-    if positions is None:
-        needed = offset + seq_len
-        if not traced and not offset and needed == table_len:
-            return cos, sin  # a graph keeps the slice: it runs again with other lengths
-        if needed <= table_len:
-            return cos[offset:needed], sin[offset:needed]
-        if short_table == "raise" or table_len == 0:
-            raise ValueError(
-                f"cos has {table_len} rows but positions {offset}..{needed - 1} need "
-                f"{needed} (seq_len={seq_len}, offset={offset}); generate a longer table, "
-                f"e.g. generate_rope_embeddings({needed}, head_dim)")
-        index = torch.arange(offset, needed, device=cos.device).clamp_max(table_len - 1)
-        return cos[index], sin[index]
-    index = _check_positions(positions, x, offset, table_len, short_table).to(cos.device)
-    if short_table == "repeat_last":
-        index = index.clamp_max(table_len - 1)
-    if positions.ndim == 2:
-        index = index.reshape(index.shape[:1] + (1,) * (x.ndim - 3) + index.shape[1:])
-    return cos[index], sin[index]
-
-
-def _check_axes(positions: torch.Tensor | None, axes: object, x: torch.Tensor, rd: int,
-                offset: int, cos: torch.Tensor, short_table: str, deferred: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-axis positions and the axis of each pair, checked, as int64 on the tables'
-    device: positions shaped ``(1 or batch, 1, ..., seq, k)`` to broadcast against x's rows
-    (clamped to the table for ``short_table="repeat_last"``), axes ``(rd // 2,)``.
-    ``deferred``: the values of positions and axes are neither checked nor clamped here
-    (``kernels.UncheckedRange``: the rotation does it), only their shapes."""
-    axes = check_int_tensor("axes", axes)
-    if axes.shape != (rd // 2,):
-        raise ValueError(f"axes must have shape ({rd // 2},) (one axis per rotated pair, "
-                         f"rotary_dim // 2), got {tuple(axes.shape)}")
-    seq_len, table_len = x.shape[-2], cos.shape[0]
-    if positions is None:
-        raise ValueError(f"axes needs multi-axis positions of shape ({seq_len}, k) or (batch, "
-                         f"{seq_len}, k)")
-    positions = check_int_tensor("positions", positions)
-    batched = positions.ndim == 3 and x.ndim >= 3 and positions.shape[0] in (1, x.shape[0])
-    if not (positions.ndim == 2 or batched) or positions.shape[-2] != seq_len or (
-            positions.shape[-1] < 1):
-        raise ValueError(f"positions with axes must have shape (seq_len, k) = ({seq_len}, k) "
-                         f"or (batch, seq_len, k) = "
-                         f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}, k), got "
-                         f"{tuple(positions.shape)}")
-    if _given(offset):
-        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
-                         "add the offset to positions instead")
-    k = positions.shape[-1]
-    if tracing() or (_on_device(positions) and not deferred):  # no data-dependent branch
-        torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
-        positions = traced_nonnegative(positions)
-        if short_table == "raise":
-            torch._assert_async((positions < table_len).all(),
-                                "positions must be < the cos/sin table length")
-    elif not deferred:
-        bounds = [*torch.aminmax(axes)]
-        if positions.numel():
-            bounds += [t.to(axes.device) for t in torch.aminmax(positions)]
-        bounds = torch.stack(bounds).tolist()  # one read of the device, not four
-        low, high = bounds[:2]
-        if low < 0 or high >= k:
-            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
-                             f"got values in [{low}, {high}]")
-        if positions.numel():
-            low, high = bounds[2:]
-            if low < 0:
-                raise ValueError(f"positions must be >= 0, got min {low}")
-            if high >= table_len and (short_table == "raise" or not table_len):
-                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
-                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
-                                 f"a longer table, e.g. RotaryEmbedding.tables({high + 1})")
-    if short_table == "repeat_last" and not deferred:
-        positions = positions.clamp_max(table_len - 1)
-    lead = (1,) * (x.ndim - positions.ndim) if positions.ndim == 2 else (
-        positions.shape[:1] + (1,) * (x.ndim - 3))
-    positions = positions.reshape(lead + positions.shape[-2:])
-    return positions.to(cos.device), axes.to(cos.device)
-
-
-def _given(offset: int | torch.Tensor) -> bool:
-    """Whether an offset was given (a tensor always counts: its value lives on a device)."""
-    return isinstance(offset, torch.Tensor) or offset != 0
-
-
-def _device_coordinates(positions: torch.Tensor, x: torch.Tensor, offset: int,
-                        cos: torch.Tensor) -> torch.Tensor:
-    """Positions ``(seq,)`` or ``(batch, seq)`` of x on a GPU as the operator's coordinates
-    ``(1 or batch, 1, ..., seq, 1)``, which the kernel reads the table rows through (no
-    gather, nothing read back to the host, their range still pending: ``_rows``)."""
-    positions = _check_positions(positions, x, offset, cos.shape[0], "raise", deferred=True)
-    if positions.device != cos.device:
-        positions = positions.to(cos.device)
-    lead = (1,) * (x.ndim - 2) if positions.ndim == 1 else (
-        positions.shape[:1] + (1,) * (x.ndim - 3))
-    return positions.reshape(lead + positions.shape[-1:] + (1,))
-
-
-def _check_positions(positions: torch.Tensor, x: torch.Tensor, offset: int, table_len: int,
-                     short_table: str, deferred: bool = False) -> torch.Tensor:
-    """positions as int64 (uint8 would index as a mask), after checking them: on the host
-    when they are there, else with assertions on their device (no wait for it), or with
-    ``deferred`` (eager, on a device) only their shape (the rotation checks the values)."""
-    positions = check_int_tensor("positions", positions)
-    seq_len = x.shape[-2]
-    ok_shape = positions.ndim == 1 or (positions.ndim == 2 and x.ndim >= 3
-                                       and positions.shape[0] in (1, x.shape[0]))
-    if not ok_shape or positions.shape[-1] != seq_len:
-        raise ValueError(
-            f"positions must have shape (seq_len,) = ({seq_len},) or (batch, seq_len) = "
-            f"({x.shape[0] if x.ndim >= 3 else 'batch'}, {seq_len}), got {tuple(positions.shape)}")
-    if _given(offset):
-        raise ValueError(f"pass either positions or offset, not both (offset={offset}); "
-                         "add the offset to positions instead")
-    if deferred:
-        return positions
-    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
-        if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
-            positions = traced_nonnegative(positions)
-        within = positions >= 0
-        if short_table == "raise":
-            within &= positions < table_len
-        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
-                            "length (rows 0 .. table_len - 1)")
-        return positions
-    if positions.numel() == 0:
-        return positions
-    low, high = torch.stack(torch.aminmax(positions)).tolist()  # one read of the device
-    if low < 0:
-        raise ValueError(f"positions must be >= 0, got min {low}")
-    if high >= table_len and short_table == "raise":
-        raise ValueError(f"positions go up to {high} but the cos/sin table has only {table_len} "
-                         f"rows (positions 0..{table_len - 1}); generate a longer table, "
-                         f"e.g. generate_rope_embeddings({high + 1}, head_dim)")
-    return positions
-
-
-def _setup_backward(ctx, inputs: tuple, output: torch.Tensor) -> None:
-    """Saves what the backward of ``ropelib::rotate`` needs: cos and sin, and x only when the
-    grads of cos or sin need it, so the rotation adds no activation memory in the usual
-    training step. ``inputs``: the operator's."""
-    x, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:8]
-    tables_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    ctx.save_for_backward(x if tables_need_grad else None, cos, sin, positions, axes)
-    ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
-
-
-def _backward(ctx, grad: torch.Tensor) -> tuple:
-    """y = R_Theta x, so dL/dx = R_Theta^T g = R_{-Theta} g: the same operator, inverted
-    (differentiable again, for double backward; the kernel reads sin as -sin, so no negated
-    table is made); the grads of cos and sin from ``_table_grads``."""
-    x, cos, sin, positions, axes = ctx.saved_tensors
-    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
-    grad_x = grad_cos = grad_sin = None
-    if ctx.needs_input_grad[0]:
-        grad_x = kernels.rotate(_channels_contiguous(grad), cos, sin, layout, rd, not inverse,
-                                positions, axes)
-    if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-        grad_cos, grad_sin = _table_grads(ctx, x, grad, cos, sin, positions, axes)
-    return grad_x, grad_cos, grad_sin, None, None, None, None, None
-
-
-def _channels_contiguous(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient with its channels at stride 1, as the kernels read them (the grad of a sum
-    arrives expanded, with stride 0 everywhere)."""
-    return grad if grad.stride(-1) == 1 else grad.contiguous()
-
-
-def _table_grads(ctx, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, positions: torch.Tensor | None,
-                 axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grads of cos and sin from the pairs of x and g, summed over the dims the rows
-    broadcast over (and, with positions, into the table rows they came from)."""
-    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
-    a, b = eager.pairs(x[..., :rd], layout)
-    ga, gb = eager.pairs(grad[..., :rd], layout)
-    grad_cos = ga * a + gb * b
-    grad_sin = (ga * b - gb * a) if inverse else (gb * a - ga * b)
-    if positions is None:
-        return grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
-    index = positions.index_select(-1, axes) if axes is not None else positions.expand(
-        *positions.shape[:-1], rd // 2)
-    flat = index.reshape(-1, index.shape[-1])
-    return tuple(
-        torch.zeros_like(table).scatter_add_(
-            0, flat, g.sum_to_size(index.shape).reshape(flat.shape).to(table.dtype))
-        for table, g in ((cos, grad_cos), (sin, grad_sin)))
-
-
-def _setup_qk_backward(ctx, inputs: tuple, output: tuple | torch.Tensor) -> None:
-    """``_setup_backward`` for ``ropelib::rotate_qk``, and for ``_EagerRotation`` (whose k
-    is None for one tensor): q and k are saved only when the grads of the tables need them;
-    with constant tables, the rotation of a q or k that records no autograd records none
-    either (as ``apply_rope`` of it alone)."""
-    q, k, cos, sin, layout, rotary_dim, inverse, positions, axes = inputs[:9]
-    tables_need_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
-    ctx.save_for_backward(q if tables_need_grad else None, k if tables_need_grad else None,
-                          cos, sin, positions, axes)
-    if not tables_need_grad and k is not None:  # an output whose input records nothing
-        ctx.mark_non_differentiable(*(rotated for rotated, needs in zip(
-            output, ctx.needs_input_grad[:2], strict=True) if not needs))
-    ctx.layout, ctx.rotary_dim, ctx.inverse = layout, rotary_dim, inverse
-    ctx.pending = inputs[9] if len(inputs) > 9 else None
-
-
-def _qk_backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor | None = None) -> tuple:
-    """``_backward`` of q and k together: one inverted ``rotate_qk`` for both grads (one
-    inverted ``rotate`` when ``_EagerRotation`` rotated q alone: no ``grad_k``; its tables
-    are constants), and the table grads of q's and k's pairs summed."""
-    q, k, cos, sin, positions, axes = ctx.saved_tensors
-    layout, rd, inverse = ctx.layout, ctx.rotary_dim, ctx.inverse
-    grads = [None] * 9
-    if grad_k is None:
-        if ctx.needs_input_grad[0]:
-            grads[0] = kernels.rotate(_channels_contiguous(grad_q), cos, sin, layout, rd,
-                                      not inverse, positions, axes, ctx.pending)
-    elif ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        grads[0], grads[1] = kernels.rotate_qk(
-            _channels_contiguous(grad_q), _channels_contiguous(grad_k), cos, sin, layout, rd,
-            not inverse, positions, axes, ctx.pending)
-    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-        from_q = _table_grads(ctx, q, grad_q, cos, sin, positions, axes)
-        from_k = _table_grads(ctx, k, grad_k, cos, sin, positions, axes)
-        grads[2], grads[3] = from_q[0] + from_k[0], from_q[1] + from_k[1]
-    return tuple(grads)
-
-
-torch.library.register_autograd("ropelib::rotate_qk", _qk_backward,
-                                setup_context=_setup_qk_backward)
-
-
-torch.library.register_autograd("ropelib::rotate", _backward, setup_context=_setup_backward)
-
-
-def _eager_training_step(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                         k: torch.Tensor | None = None) -> bool:
-    """The usual training step of a call nobody watches (``watcher``): x (or q or k)
-    records autograd and the tables are constants."""
-    return (torch.is_grad_enabled() and (x.requires_grad or k is not None and k.requires_grad)
-            and not (cos.requires_grad or sin.requires_grad))
-
-
-class _EagerRotation(torch.autograd.Function):
-    """``ropelib::rotate_qk`` with its registered formula (``_setup_qk_backward``,
-    ``_qk_backward``) as one autograd node that runs the implementation directly, without
-    the operator's dispatcher and generated autograd layers (about 100 us per
-    forward+backward at small shapes, more than the rotation): a query and a key rotated in
-    one launch each way, or, with k None, one tensor (``ropelib::rotate``). Only for eager
-    calls (``_eager_training_step``): compiled, exported and traced code sees the operator
-    itself. Its coordinates may still be ``pending`` (``kernels.UncheckedRange``): on a GPU, the
-    kernel's launch each way checks them (no operation of their own, as in a call without
-    autograd)."""
-
-    @staticmethod
-    def forward(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                layout: str, rotary_dim: int, inverse: bool, positions: torch.Tensor | None,
-                axes: torch.Tensor | None, pending: kernels.UncheckedRange | None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if k is None:
-            return kernels.run_backend([q], [None], cos, sin, layout, rotary_dim, inverse,
-                                       positions, axes, pending)[0]
-        q_out, k_out = kernels.run_backend([q, k], [None, None], cos, sin, layout, rotary_dim,
-                                           inverse, positions, axes, pending)
-        return q_out, k_out
-
-    setup_context = staticmethod(_setup_qk_backward)
-
-    @staticmethod
-    def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor | None = None) -> tuple:
-        return *_qk_backward(ctx, grad_q, grad_k), None
-
-
-# The node's ``apply`` without the Python layer of ``Function.apply``: that layer binds
-# default arguments with ``inspect.signature`` on every call (about 30 us, as much as the
-# rotation of a (1, 8, 512, 64) float32 tensor), unwraps torch.func wrappers left over
-# from a finished transform and hands calls under a transform to ``custom_function_call``.
-# None of it applies to an eager training step (``_eager_training_step``): every argument
-# is given, no transform is active and no tensor is a wrapper.
-_eager_rotation = super(torch.autograd.Function, _EagerRotation).apply

@@ -287,7 +287,7 @@ def backend_name(x: torch.Tensor, rotary_dim: int) -> str:
     from ropelib import kernels
 
     rows = torch.zeros(x.shape[-2], rotary_dim // 2, device=x.device)
-    return kernels.backend_for([x], [None], rows, rows, rotary_dim).NAME
+    return kernels.choose_backend([x], [None], rows, rows, rotary_dim)[0].NAME
 
 
 # --------------------------------------------------------------------------- comparisons

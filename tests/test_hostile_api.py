@@ -135,7 +135,7 @@ def test_item6_triton_merges_each_tensors_leading_dims_on_its_own(monkeypatch, l
     strided = torch.randn(2, 6, 2, 16).transpose(1, 2)  # (B, H, S, D) view of (B, S, H, D)
     q, k = (strided, contiguous) if k_first else (contiguous, strided)
     rows = cos[:6], sin[:6]
-    assert kernels.backend_for([q, k], [None, None], *rows, 16).NAME == "triton"
+    assert kernels.choose_backend([q, k], [None, None], *rows, 16)[0].NAME == "triton"
     q_rot, k_rot = apply_rope_qk(q, k, cos, sin, layout=layout)
     close(q_rot, expected(q, range(6), 16, layout))
     close(k_rot, expected(k, range(6), 16, layout))
@@ -458,7 +458,7 @@ def test_item5_tables_wider_than_the_rotated_pairs(forced, layout):
     got = torch.ops.ropelib.rotate(x, *wide, layout, 8, False, coordinates, None)
     close(got, want)
     k = torch.randn(2, 1, 5, 16)
-    q_rot, k_rot = kernels.rotate_qk(x, k, *wide, layout, 8, False, coordinates, None)
+    q_rot, k_rot = kernels.rotate_each([x, k], [None, None], *wide, layout, 8, False, coordinates)
     close(q_rot, want)
     close(k_rot, rope_by_pairs(k, angles(positions[:, None], thetas(8)), layout))
     rows = [t[positions[:, None]] for t in wide]  # gathered wide rows (2, 1, 5, 7)

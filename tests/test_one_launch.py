@@ -33,7 +33,6 @@ from ropelib import (
     attention,
     kernels,
     masks,
-    plans,
     rotation,
 )
 from ropelib.tables import generate_rope_embeddings
@@ -185,7 +184,7 @@ def test_a_later_call_of_a_signature_checks_only_addresses(launches, monkeypatch
 
 
 def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatch):
-    """Threads calling at once, some with the same signature (one ``plans.Plan``, made by
+    """Threads calling at once, some with the same signature (one ``rotation.Plan``, made by
     whichever thread comes first) and some with others, each get the launch a lone call of
     theirs gets (those equal the float64 rotation: test_the_device_route_equals_float64).
     The launches are stubbed: Triton's interpreter itself is not thread-safe."""
@@ -202,7 +201,7 @@ def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatc
     for case in cases:
         call(*case)
         alone.append(launches.pop())
-    plans._plans.clear()
+    rotation._plans.clear()
     seen = {}
     monkeypatch.setattr(triton_rope, "_launch", lambda x, launch, tensors: seen.setdefault(
         threading.get_ident(), []).append(launch))
@@ -220,7 +219,7 @@ def test_threads_share_the_plans_and_get_their_own_launches(launches, monkeypatc
     for thread in threads:
         thread.join()
     got = {ran[-1]: ran[:-1] for ran in seen.values()}
-    assert len(seen) == len(cases) and len(plans._plans) == 4  # one a layout and length
+    assert len(seen) == len(cases) and len(rotation._plans) == 4  # one a layout and length
     for case, launch in zip(cases, alone, strict=True):
         assert got[case] == [launch] * 50
 

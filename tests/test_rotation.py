@@ -22,7 +22,7 @@ from reference import (
     thetas,
 )
 
-from ropelib import RotaryEmbedding, apply_rope, generate_rope_embeddings, native
+from ropelib import RotaryEmbedding, apply_rope, apply_rope_qk, generate_rope_embeddings, native
 
 # Every test here runs twice: with the compiled CPU kernel and with the eager paths.
 pytestmark = pytest.mark.usefixtures("backend")
@@ -297,6 +297,24 @@ def test_gradcheck_wrt_x_cos_sin(layout, rotary_dim, device):
 
     assert torch.autograd.gradcheck(f, (x, cos, sin))
     assert torch.autograd.gradgradcheck(f, (x, cos, sin))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("positions", [None, [[4, 0, 2], [1, 3, 3]]])
+def test_gradcheck_of_q_and_k_with_trainable_tables(layout, positions, device):
+    """apply_rope_qk with q, k, cos and sin all recording autograd: the operator's one
+    gradient formula (the inverse rotation for q and k, the tables' grads of q's and k's
+    pairs summed) against finite differences, also twice (double backward)."""
+    q = torch.randn(2, 3, 3, 8, dtype=F64, device=device, requires_grad=True)
+    k = torch.randn(2, 1, 3, 8, dtype=F64, device=device, requires_grad=True)
+    cos, sin = (t.clone().requires_grad_() for t in tables64(5, 8, device=device))
+    where = {} if positions is None else {"positions": torch.tensor(positions, device=device)}
+
+    def f(q, k, cos, sin):
+        return apply_rope_qk(q, k, cos, sin, layout=layout, **where)
+
+    assert torch.autograd.gradcheck(f, (q, k, cos, sin))
+    assert torch.autograd.gradgradcheck(f, (q, k, cos, sin))
 
 
 def test_gradcheck_with_per_batch_positions_and_gathered_tables(device):
