@@ -38,14 +38,11 @@ INLINE float bits_f32(uint32_t u) {
     return f;
 }
 INLINE float bf16_load(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-/* Float32 bits rounded to bfloat16 in their high half, to nearest even as torch does, and
- * 0x7fc0 where `nan` is all ones. Branch-free, on a word or a vector of words. */
-#define BF16_ROUND(u, nan) ((((u) + 0x7fffu + (((u) >> 16) & 1u)) & ~(nan)) \
-                            | (0x7fc00000u & (nan)))
+/* Round to nearest even as torch does, every NaN to 0x7fc0; branch-free, so it vectorizes. */
 INLINE uint16_t bf16_store(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    return (uint16_t)(BF16_ROUND(u, f != f ? ~0u : 0u) >> 16);
+    return (uint16_t)(f != f ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 #define SAME(v) (v)
 
@@ -61,92 +58,6 @@ INLINE uint16_t bf16_store(float f) {
 #else
 #define BF16_PAIR_LOAD PAIR_LOAD
 #define BF16_PAIR_STORE PAIR_STORE
-#endif
-
-/* Vector blocks where the compiler's own vectorization is poor: the first pairs of a row,
- * returning how many were done (the scalar loop does the rest). Same arithmetic and rounding
- * as the scalar loop, so the same bits, and every block is read before it is written. */
-#define NO_BLOCKS(x, o, c, s, sign, h) 0
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector) && !defined(ROPE_NO_BLOCKS)
-#define ROPE_BLOCKS 1
-#endif
-#endif
-#if defined(ROPE_BLOCKS)
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-/* Interleaved float32, 8 pairs: [a0 b0 a1 b1 ...] split by in-lane shuffles into a and b in
- * the order (0 1 4 5 2 3 6 7), the tables permuted alike, unpacking restores the order. */
-INLINE int64_t f32_pair_blocks(const float *x, float *o, const float *c, const float *s,
-                               float sign, int64_t h) {
-    int64_t i = 0;
-    for (; i + 8 <= h; i += 8) {
-        f32x8 v0, v1, c8, s8;
-        memcpy(&v0, x + 2 * i, 32);
-        memcpy(&v1, x + 2 * i + 8, 32);
-        memcpy(&c8, c + i, 32);
-        memcpy(&s8, s + i, 32);
-        f32x8 a = __builtin_shufflevector(v0, v1, 0, 2, 8, 10, 4, 6, 12, 14);
-        f32x8 b = __builtin_shufflevector(v0, v1, 1, 3, 9, 11, 5, 7, 13, 15);
-        f32x8 cp = __builtin_shufflevector(c8, c8, 0, 1, 4, 5, 2, 3, 6, 7);
-        f32x8 sp = __builtin_shufflevector(s8, s8, 0, 1, 4, 5, 2, 3, 6, 7) * sign;
-        f32x8 na = a * cp - b * sp, nb = a * sp + b * cp;
-        v0 = __builtin_shufflevector(na, nb, 0, 8, 1, 9, 4, 12, 5, 13);
-        v1 = __builtin_shufflevector(na, nb, 2, 10, 3, 11, 6, 14, 7, 15);
-        memcpy(o + 2 * i, &v0, 32);
-        memcpy(o + 2 * i + 8, &v1, 32);
-    }
-    return i;
-}
-
-/* Half bfloat16, 16 pairs: zeros interleaved below the 16 values of a (and b) widen them to
- * float32 in the order (0-3, 8-11), (4-7, 12-15); the tables are read in that order and the
- * high halves of the rounded words restore it. Vectors go by address: as arguments they would
- * change the calling convention between the instruction sets' copies. */
-INLINE void bf16_round_store(uint16_t *o, const f32x8 *lo, const f32x8 *hi) {
-    u32x8 u = BF16_ROUND((u32x8)*lo, (u32x8)(*lo != *lo));
-    u32x8 v = BF16_ROUND((u32x8)*hi, (u32x8)(*hi != *hi));
-    u16x16 packed = __builtin_shufflevector((u16x16)u, (u16x16)v, 1, 3, 5, 7, 17, 19, 21, 23,
-                                            9, 11, 13, 15, 25, 27, 29, 31);
-    memcpy(o, &packed, 32);
-}
-#define WIDEN_LO 0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27
-#define WIDEN_HI 4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31
-INLINE int64_t bf16_half_blocks(const uint16_t *x, uint16_t *o, const float *c,
-                                const float *s, float sign, int64_t h) {
-    const u16x16 zero = {0};
-    int64_t i = 0;
-    for (; i + 16 <= h; i += 16) {
-        u16x16 va, vb;
-        f32x8 c0, c1, s0, s1;
-        memcpy(&va, x + i, 32);
-        memcpy(&vb, x + i + h, 32);
-        memcpy(&c0, c + i, 32);
-        memcpy(&c1, c + i + 8, 32);
-        memcpy(&s0, s + i, 32);
-        memcpy(&s1, s + i + 8, 32);
-        f32x8 a0 = (f32x8)__builtin_shufflevector(zero, va, WIDEN_LO);
-        f32x8 a1 = (f32x8)__builtin_shufflevector(zero, va, WIDEN_HI);
-        f32x8 b0 = (f32x8)__builtin_shufflevector(zero, vb, WIDEN_LO);
-        f32x8 b1 = (f32x8)__builtin_shufflevector(zero, vb, WIDEN_HI);
-        f32x8 cp0 = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 8, 9, 10, 11);
-        f32x8 cp1 = __builtin_shufflevector(c0, c1, 4, 5, 6, 7, 12, 13, 14, 15);
-        f32x8 sp0 = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 8, 9, 10, 11) * sign;
-        f32x8 sp1 = __builtin_shufflevector(s0, s1, 4, 5, 6, 7, 12, 13, 14, 15) * sign;
-        f32x8 na0 = a0 * cp0 - b0 * sp0, na1 = a1 * cp1 - b1 * sp1;
-        f32x8 nb0 = a0 * sp0 + b0 * cp0, nb1 = a1 * sp1 + b1 * cp1;
-        bf16_round_store(o + i, &na0, &na1);
-        bf16_round_store(o + i + h, &nb0, &nb1);
-    }
-    return i;
-}
-#define F32_PAIR_BLOCKS f32_pair_blocks
-#define BF16_HALF_BLOCKS bf16_half_blocks
-#else
-#define F32_PAIR_BLOCKS NO_BLOCKS
-#define BF16_HALF_BLOCKS NO_BLOCKS
 #endif
 
 /* M-RoPE rows, cos_out[n, i] = cos_t[positions[n, axes[i]], i] (sin alike) for tokens
@@ -196,16 +107,16 @@ DEFINE_AXIS_ROWS(rope_axis_rows_float64, double)
  * once and reused across heads; a token whose coordinates are all equal reads its table row
  * itself. The result is 0, or -1 at an axis outside [0, k) or a coordinate outside
  * [0, table_len) (out is then incomplete). */
-#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, HBLOCKS, IBLOCKS, GATHER)        \
+#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, GATHER)                         \
 INLINE void NAME##_half(const T *x, T *o, const ACC *c, const ACC *s, ACC sign, int64_t h) {   \
-    IVDEP for (int64_t i = HBLOCKS(x, o, c, s, sign, h); i < h; i++) {                         \
+    IVDEP for (int64_t i = 0; i < h; i++) {                                                     \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]), si = sign * s[i];                              \
         o[i] = STORE(a * c[i] - b * si);                                                       \
         o[i + h] = STORE(a * si + b * c[i]);                                                   \
     }                                                                                          \
 }                                                                                              \
 INLINE void NAME##_pairs(const T *x, T *o, const ACC *c, const ACC *s, ACC sign, int64_t h) {  \
-    IVDEP for (int64_t i = IBLOCKS(x, o, c, s, sign, h); i < h; i++) {                         \
+    IVDEP for (int64_t i = 0; i < h; i++) {                                                     \
         ACC si = sign * s[i];                                                                  \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                     \
         PSTORE(STORE, o + 2 * i, a * c[i] - b * si, a * si + b * c[i]);                        \
@@ -284,24 +195,28 @@ int64_t NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, const int64
              int64_t k, int64_t table_len) {                                                   \
     for (int64_t i = 0; positions && i < rotary_dim / 2; i++)                                  \
         if (axes[i] < 0 || axes[i] >= k) return -1;                                            \
+    const ACC sign = inverse ? -1 : 1;                                                         \
     int64_t outer = 1;                                                                         \
     for (int64_t d = 0; d + 1 < ndim; d++) outer *= dims[d];                                   \
     const int64_t units = (dims[ndim - 1] + tile - 1) / tile * outer;                          \
     if (threads > units) threads = units;                                                      \
+    if (threads <= 1) /* no OpenMP region: it would cost as much as a small call */           \
+        return NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim,     \
+                            half, sign, tile, positions, axes, k, table_len, 0, units);       \
     int64_t status = 0;                                                                        \
     _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")   \
     for (int64_t t = 0; t < threads; t++)                                                      \
         status |= NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim,  \
-                               half, inverse ? -1 : 1, tile, positions, axes, k, table_len,    \
+                               half, sign, tile, positions, axes, k, table_len,                \
                                units * t / threads, units * (t + 1) / threads);                \
     return status;                                                                             \
 }
-DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS,
-            F32_PAIR_BLOCKS, rope_axis_rows_float32_range)
-DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE, NO_BLOCKS,
-            NO_BLOCKS, rope_axis_rows_float64_range)
+DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE,
+            rope_axis_rows_float32_range)
+DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE,
+            rope_axis_rows_float64_range)
 DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD,
-            BF16_PAIR_STORE, BF16_HALF_BLOCKS, NO_BLOCKS, rope_axis_rows_float32_range)
+            BF16_PAIR_STORE, rope_axis_rows_float32_range)
 
 /* Whether OpenMP built this library: without it the threads' units run one after another. */
 int rope_threaded(void) {
