@@ -1,21 +1,15 @@
 """The CPU backend: RoPE as one C loop (``native_rope.c``), compiled on first use.
 
-Eager PyTorch needs two or more passes over memory for the half layout (its pairs are d/2
-apart: no complex view) and a temporary for half precision; a loop that reads each pair once
-and writes it once costs what a copy costs. ropelib builds it with ``$CC`` (default ``cc``; a
-command line split as a shell would, e.g. ``CC="ccache gcc -march=native"``) the first time a
-CPU call needs it, keeps the library in ``cache_dir()`` and calls it through ctypes. Built
-with OpenMP where the compiler has it, it splits large tensors over the
-``torch.get_num_threads()`` threads of the OpenMP runtime PyTorch uses (so a forked
-DataLoader worker runs it on one thread, as torch). New outputs of ``HUGE_PAGE_BYTES`` or
-more are asked for transparent huge pages (Linux): their first touch, most of the cost of a
-new tensor here, gets several times cheaper.
-
-``ropelib.kernels`` asks ``assess`` whether the loop takes a call, then calls ``run``;
-``axis_rows`` is the CPU implementation of ``ropelib::axis_rows``. Nothing here keeps a tensor
-or a pointer between calls. A failed build is said once, in a warning; ``native_status()``
-tells which path CPU calls take and why, and ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``)
-turns the loop off, e.g. to compare.
+Eager PyTorch needs two or more passes over memory for the half layout and a temporary for
+half precision; a loop that reads each pair once and writes it once costs what a copy costs.
+It is built with ``$CC`` (default ``cc``; a command line, e.g. ``CC="ccache gcc"``) when a
+CPU call first needs it, kept in ``cache_dir()`` and called through ctypes. With OpenMP
+(where the compiler has it) it splits large tensors over ``torch.get_num_threads()`` threads
+of the runtime PyTorch uses, so a forked DataLoader worker runs one thread, as torch does.
+``ropelib.kernels`` asks ``assess`` whether it takes a call, then calls ``run``; ``axis_rows``
+implements ``ropelib::axis_rows`` on the CPU. Nothing is kept between calls. A failed build
+is warned once; ``native_status()`` says which path CPU calls take and why, and
+``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off, e.g. to compare.
 """
 
 from __future__ import annotations
@@ -73,6 +67,8 @@ def _bind(lib: ctypes.CDLL, name: str, restype, *argtypes) -> Callable[..., int]
     return function
 
 
+# New outputs of HUGE_PAGE_BYTES or more ask for transparent huge pages (Linux): their first
+# touch, most of the cost of a new tensor here, gets several times cheaper.
 _MADVISE = (_bind(ctypes.CDLL(None), "madvise", ctypes.c_int, _PTR, ctypes.c_size_t,
                   ctypes.c_int) if hasattr(mmap, "MADV_HUGEPAGE") else None)
 
@@ -170,12 +166,10 @@ class NativeStatus(NamedTuple):
 
 
 def native_status() -> NativeStatus:
-    """Which path CPU calls of float32, float64 and bfloat16 take and why, building the loop
-    if needed: ``"native"`` (the loop, naming the compiler that built it), ``"eager"``, the
-    backend ``ROPELIB_BACKEND`` forces (``"triton"``: Triton's interpreter, float64 calls
-    raise), or None where every such call raises (an unknown ``ROPELIB_BACKEND``, or
-    ``native`` forced while the loop does not run). ``ropelib.backend_status(device, dtype)``
-    says what any call does."""
+    """Which path CPU calls of float32, float64 and bfloat16 take and why (building the loop):
+    ``"native"`` (naming the compiler that built the loaded loop), ``"eager"``, the backend
+    ``ROPELIB_BACKEND`` forces, or None where every such call raises (an unknown backend, or
+    ``native`` forced while the loop does not run). ``ropelib.backend_status`` covers any call."""
     lib, reason = _load() if _enabled else (None, None)
     if lib is not None:
         how = "with OpenMP" if lib.threaded else "without OpenMP (one thread)"
@@ -285,19 +279,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
            out: torch.Tensor | None = None, inverse: bool = False,
            positions: torch.Tensor | None = None, axes: torch.Tensor | None = None
            ) -> torch.Tensor:
-    """out = R_Theta x (R_{-Theta} x with ``inverse``) by the loop, on ``supports(x, out)``.
+    """out = R_Theta x (R_{-Theta} x with ``inverse``) by the loop, for ``supports(x, out)``.
 
-    x ``(..., seq, head_dim)``, ``layout`` "half" or "interleaved", channels past
-    ``rotary_dim`` copied. cos, sin ``(..., seq, rotary_dim // 2)`` broadcastable to x's rows,
-    float64 for float64 x else float32, channels contiguous, one stride for both; with
-    ``positions`` (``(..., seq, k)`` integers broadcastable to x's rows) the contiguous 1-D
-    tables ``(table_len, rotary_dim // 2)``, and pair i reads the table row of coordinate
-    ``axes[i]`` (``(rotary_dim // 2,)``), ``supports_axes``. out: x, a tensor sharing no
-    element with x, or None (new). Pointers go to C only from tensors held here, and nothing
-    is kept: concurrent calls (the loop runs without the GIL) share nothing.
-
-    Raises:
-        ValueError: a coordinate outside the table or an axis outside ``[0, k)``.
+    x ``(..., seq, head_dim)``, channels past ``rotary_dim`` copied. cos, sin ``(..., seq,
+    rotary_dim // 2)`` broadcastable to x's rows, float64 for float64 x else float32, channels
+    contiguous, one stride for both; with ``positions`` (``(..., seq, k)`` integers
+    broadcastable to x's rows) 1-D tables ``(table_len, rotary_dim // 2)``, contiguous, and
+    pair i reads the row of coordinate ``axes[i]`` (``supports_axes``). out: x, a tensor
+    sharing no element with x, or None (new). Nothing is kept: concurrent calls (the loop
+    runs without the GIL) share nothing. A ValueError names a coordinate out of range.
     """
     if out is None:
         out = empty_like(x)
@@ -325,9 +315,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
 def _layout(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tuple[int, ...],
             table_shape: tuple[int, ...], table_strides: tuple[int, ...], row_bytes: int,
             gathered: bool, threads: int) -> tuple[bytes, int, int, int]:
-    """(the leading dims' sizes, then x's, out's and the table's strides as C int64s; their
-    number; the tile; the threads) for ``rotate``. A 1-D x is a ``(1, d)`` one; a table's
-    stride is 0 along the dims it broadcasts over. Cached by shapes and strides (integers)."""
+    """``rotate``'s (the leading dims' sizes, then x's, out's and the table's strides as C
+    int64s; their number; the tile; the threads). A 1-D x is a ``(1, d)`` one; a table's
+    stride is 0 along the dims it broadcasts over. Cached: a lookup costs a small fraction
+    of packing (0.25 us against 3 to 8)."""
     lead = shape[:-1] or (1,)
     tables = [0] * (len(lead) - len(table_shape) + 1) + [
         0 if n == 1 else st for n, st in zip(table_shape[:-1], table_strides[:-1], strict=True)]
@@ -340,16 +331,12 @@ def _layout(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tup
 
 def tile_rows(seq: int, runs: int, table_row_bytes: int, threads: int = 1,
               gathered: bool = False) -> int:
-    """The positions the loop rotates per tile, for each of ``runs`` rows of a position (batch
-    x heads) before the next tile: all ``seq`` where the tables of a run fit in
-    ``TABLE_CACHE_BYTES`` (x and out then go in memory order), ``TABLE_TILE_BYTES`` of table
-    rows where larger, ``GATHER_BYTES`` of gathered (M-RoPE) rows; with ``threads`` > 1 runs
-    are cut until every thread gets ``UNITS_PER_THREAD`` units. ``table_row_bytes``: one
-    position's cos and sin rows (rotary_dim x 4 for float32 tables).
-
-    Raises:
-        ValueError: a count that is not a positive int.
-    """
+    """The positions the loop rotates for each of ``runs`` (batch x heads) before the next
+    tile: all ``seq`` where a run's tables fit ``TABLE_CACHE_BYTES`` (x then goes in memory
+    order), else ``TABLE_TILE_BYTES`` of table rows, ``GATHER_BYTES`` of gathered (M-RoPE)
+    rows; with ``threads`` > 1 cut until each thread gets ``UNITS_PER_THREAD`` units.
+    ``table_row_bytes``: one position's cos and sin rows (rotary_dim x 4 for float32 tables).
+    A ValueError names a count that is not a positive int."""
     seq, runs, row, threads = (check_count(name, value) for name, value in (
         ("seq", seq), ("runs", runs), ("table_row_bytes", table_row_bytes), ("threads", threads)))
     tile = (GATHER_BYTES if gathered else seq * row if seq * row <= TABLE_CACHE_BYTES
