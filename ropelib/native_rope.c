@@ -64,13 +64,17 @@ static TARGETS int64_t NAME##_range(const ACC *cos_t, const ACC *sin_t, const in
         ACC *cos_out, ACC *sin_out, int64_t begin, int64_t end) {                                  \
     for (int64_t n = begin; n < end; n++) {                                                        \
         const int64_t *p = positions + n * stride;                                                 \
-        ACC *co = cos_out + n * pairs, *so = sin_out + n * pairs;                                  \
+        ACC *restrict co = cos_out + n * pairs, *restrict so = sin_out + n * pairs;                \
         for (int64_t a = 0; a < k; a++) {                                                          \
             if (p[a] < 0 || p[a] >= table_len) return -1;                                          \
-            const ACC *c = cos_t + p[a] * pairs, *s = sin_t + p[a] * pairs;                        \
-            for (int64_t i = 0; i < pairs; i++) {                                                  \
-                co[i] = a == 0 || axes[i] == a ? c[i] : co[i];                                     \
-                so[i] = a == 0 || axes[i] == a ? s[i] : so[i];                                     \
+            const ACC *restrict c = cos_t + p[a] * pairs, *restrict s = sin_t + p[a] * pairs;      \
+            if (a == 0) {                                                                          \
+                memcpy(co, c, (size_t)pairs * sizeof(ACC));                                        \
+                memcpy(so, s, (size_t)pairs * sizeof(ACC));                                        \
+            }                                                                                      \
+            for (int64_t i = 0; a > 0 && i < pairs; i++) {                                         \
+                co[i] = axes[i] == a ? c[i] : co[i];                                               \
+                so[i] = axes[i] == a ? s[i] : so[i];                                               \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
