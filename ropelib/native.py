@@ -67,8 +67,6 @@ def _bind(lib: ctypes.CDLL, name: str, restype, *argtypes) -> Callable[..., int]
     return function
 
 
-# New outputs of HUGE_PAGE_BYTES or more ask for transparent huge pages (Linux): their first
-# touch, most of the cost of a new tensor here, gets several times cheaper.
 _MADVISE = (_bind(ctypes.CDLL(None), "madvise", ctypes.c_int, _PTR, ctypes.c_size_t,
                   ctypes.c_int) if hasattr(mmap, "MADV_HUGEPAGE") else None)
 
@@ -153,8 +151,7 @@ def unavailable_reason() -> str | None:
 
 def threaded() -> bool:
     """Whether the loaded loop was built with OpenMP (runs on several threads)."""
-    lib = _load()[0]
-    return lib is not None and lib.threaded
+    return _load()[0] is not None and _load()[0].threaded
 
 
 class NativeStatus(NamedTuple):
@@ -265,8 +262,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on, on huge pages where the
-    system gives them: madvise of its 2 MiB-aligned part before the first touch (advice)."""
+    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on, its 2 MiB-aligned part asks
+    for transparent huge pages (Linux) before the first touch, most of the cost of a new
+    tensor here, which they make several times cheaper."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     end = out.data_ptr() + out.numel() * out.element_size()
     if end - out.data_ptr() >= HUGE_PAGE_BYTES and _MADVISE is not None:

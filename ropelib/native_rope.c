@@ -26,11 +26,7 @@
 #define IVDEP _Pragma("GCC ivdep")
 #endif
 
-INLINE float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+INLINE float bits_f32(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
 INLINE float bf16_load(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 /* Round to nearest even as torch does, every NaN to 0x7fc0; branch-free, so it vectorizes. */
 INLINE uint16_t bf16_store(float f) {
@@ -54,10 +50,10 @@ INLINE uint16_t bf16_store(float f) {
 #define BF16_PAIR_STORE PAIR_STORE
 #endif
 
-/* M-RoPE rows, cos_out[n, i] = cos_t[positions[n, axes[i]], i] (sin alike) for tokens
- * [begin, end) of k coordinates each: the row of axis 0 copied, then each other axis' row
- * blended in where axes[i] is that axis (whole rows in the cache, not an index per element).
- * 0, or -1 at a position outside [0, table_len) (the rows are then incomplete). */
+/* M-RoPE rows, cos_out[n, i] = cos_t[positions[n, axes[i]], i] (sin alike), for tokens
+ * [begin, end): the row of axis 0 copied, each other axis' row blended in where axes[i] is
+ * that axis (whole rows in the cache, not an index per element). 0, or -1 at a position
+ * outside [0, table_len) (the rows are then incomplete). */
 #define DEFINE_AXIS_ROWS(NAME, ACC)                                                                \
 static TARGETS int64_t NAME##_range(const ACC *cos_t, const ACC *sin_t, const int64_t *positions,  \
         int64_t stride, const int32_t *axes, int64_t k, int64_t table_len, int64_t pairs,          \
@@ -215,10 +211,8 @@ DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOA
             BF16_PAIR_STORE, rope_axis_rows_float32_range)
 
 /* Whether OpenMP built this library: without it the threads' units run one after another. */
-int rope_threaded(void) {
 #if defined(_OPENMP)
-    return 1;
+int rope_threaded(void) { return 1; }
 #else
-    return 0;
+int rope_threaded(void) { return 0; }
 #endif
-}
