@@ -314,6 +314,20 @@ def test_large_output_is_a_plain_contiguous_tensor():
                                rtol=1e-6, atol=1e-6)
 
 
+def test_any_number_of_leading_dims():
+    """Nine dims before the channels (the loop walks any number), and a 1-D x (one row)."""
+    x = torch.randn(2, 1, 2, 1, 2, 1, 2, 3, 5, 8)
+    cos, sin = generate_rope_embeddings(5, 8)
+    assert backend_name(x, 8) == "native"
+    torch.testing.assert_close(apply_rope(x, cos, sin).to(F64),
+                               rope_by_pairs(x.to(F64), angles64(5, 8), "interleaved"),
+                               rtol=1e-6, atol=1e-6)
+    row = torch.randn(8)
+    torch.testing.assert_close(native.rotate(row, cos[3], sin[3], "half", 8).to(F64),
+                               rope_by_pairs(row.to(F64), angles64(5, 8)[3], "half"),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_empty_inputs():
     cos, sin = generate_rope_embeddings(4, 8)
     x = torch.randn(0, 2, 4, 8)
