@@ -19,7 +19,8 @@
 #endif
 #define INLINE static inline __attribute__((always_inline))
 /* In place, o == x: iteration i reads and writes only pair i, so no iteration depends on
- * another and one loop vectorizes for both cases (restrict would make in place undefined). */
+ * another and one loop vectorizes for both (restrict on x and o would make in place undefined;
+ * the tables are restrict: out never overlaps them, ropelib.kernels checks). */
 #if defined(__clang__)
 #define IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #else
@@ -61,14 +62,15 @@ static TARGETS int64_t NAME##_range(const ACC *cos_t, const ACC *sin_t, const in
     for (int64_t n = begin; n < end; n++) {                                                        \
         const int64_t *p = positions + n * stride;                                                 \
         ACC *restrict co = cos_out + n * pairs, *restrict so = sin_out + n * pairs;                \
-        for (int64_t a = 0; a < k; a++) {                                                          \
+        for (int64_t a = 0; a < k; a++)                                                            \
             if (p[a] < 0 || p[a] >= table_len) return -1;                                          \
+        for (int64_t i = 0; i < pairs; i++) {                                                      \
+            co[i] = cos_t[p[0] * pairs + i];                                                       \
+            so[i] = sin_t[p[0] * pairs + i];                                                       \
+        }                                                                                          \
+        for (int64_t a = 1; a < k; a++) {                                                          \
             const ACC *restrict c = cos_t + p[a] * pairs, *restrict s = sin_t + p[a] * pairs;      \
-            if (a == 0) {                                                                          \
-                memcpy(co, c, (size_t)pairs * sizeof(ACC));                                        \
-                memcpy(so, s, (size_t)pairs * sizeof(ACC));                                        \
-            }                                                                                      \
-            for (int64_t i = 0; a > 0 && i < pairs; i++) {                                         \
+            for (int64_t i = 0; i < pairs; i++) {                                                  \
                 co[i] = axes[i] == a ? c[i] : co[i];                                               \
                 so[i] = axes[i] == a ? s[i] : so[i];                                               \
             }                                                                                      \
@@ -100,14 +102,16 @@ DEFINE_AXIS_ROWS(rope_axis_rows_float64, double)
  * (a token on the diagonal reads its table row as it is) and reused across heads. 0, or -1 at
  * an axis outside [0, k) or a coordinate outside [0, table_len) (out is then incomplete). */
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, GATHER)                              \
-INLINE void NAME##_half(const T *x, T *o, const ACC *c, const ACC *s, ACC sign, int64_t h) {       \
+INLINE void NAME##_half(const T *x, T *o, const ACC *restrict c, const ACC *restrict s, ACC sign,  \
+                        int64_t h) {                                                               \
     IVDEP for (int64_t i = 0; i < h; i++) {                                                        \
         ACC a = LOAD(x[i]), b = LOAD(x[i + h]), si = sign * s[i];                                  \
         o[i] = STORE(a * c[i] - b * si);                                                           \
         o[i + h] = STORE(a * si + b * c[i]);                                                       \
     }                                                                                              \
 }                                                                                                  \
-INLINE void NAME##_pairs(const T *x, T *o, const ACC *c, const ACC *s, ACC sign, int64_t h) {      \
+INLINE void NAME##_pairs(const T *x, T *o, const ACC *restrict c, const ACC *restrict s, ACC sign, \
+                         int64_t h) {                                                              \
     IVDEP for (int64_t i = 0; i < h; i++) {                                                        \
         ACC si = sign * s[i];                                                                      \
         PLOAD(ACC, LOAD, x + 2 * i, a, b);                                                         \
