@@ -162,19 +162,18 @@ def test_threads_split_rows_without_changing_a_bit(layout):
 def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     """The loop walks rows in tiles of the seq dim, each tile over every head before the next
     (so a table broadcast over heads is read from a cache): a tile is the whole seq where the
-    tables of a seq fit in ``table_cache_bytes``, ``table_tile_bytes`` of table rows where they
+    tables of a seq fit in ``TABLE_CACHE_BYTES``, ``TABLE_TILE_BYTES`` of table rows where they
     are larger, and with several threads runs are cut until each thread gets a few units. In
     each case (the tile ``native.tile_rows`` gives for it is checked first), with tables that
     change along every dim (per batch and head) or only along seq, a partial rotation and 1, 2
     or 5 threads, every row is rotated once by its own angles (float64 reference) and the
     threads change no bit; where the seq is cut, the last tile is partial."""
     torch.manual_seed(0)
-    lib = native._load()[0]
     acc_bytes = 8 if dtype == F64 else 4
     batch, heads, seq, dim, rd = {
         "whole runs": (2, 4, 307, 80, 64),  # 8 runs: 4 for each of the 2 threads it gets
         "runs cut for threads": (1, 2, 2053, 80, 64),  # 2 runs for the 5 threads it gets
-        "tiles": (1, 2, lib.table_cache_bytes // (16 * acc_bytes) + 307, 24, 16),
+        "tiles": (1, 2, native.TABLE_CACHE_BYTES // (16 * acc_bytes) + 307, 24, 16),
     }[rows]
     most = min(5, batch * heads * seq * dim // native.PARALLEL_ELEMENTS)  # as rotate picks
     tile = native.tile_rows(seq, batch * heads, rd * acc_bytes, most)
@@ -183,7 +182,7 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     elif rows == "runs cut for threads" and native.threaded():
         assert most == 5 and tile < seq and seq % tile
     elif rows == "tiles":
-        assert tile == lib.table_tile_bytes // (rd * acc_bytes) and seq % tile
+        assert tile == native.TABLE_TILE_BYTES // (rd * acc_bytes) and seq % tile
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
     positions = torch.randint(0, 5000, (batch, heads, seq) if tables == "per_head" else (seq,))
     theta = angles(positions.reshape(-1), thetas(rd)).reshape(*positions.shape, rd // 2)
@@ -224,7 +223,7 @@ def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout, sha
     if shape[0] == 1 and native.threaded():
         acc_bytes = 8 if dtype == F64 else 4
         tile = native.tile_rows(seq, 1, rd * acc_bytes, 5, gathered=True)
-        assert tile < native._load()[0].tile_bytes // (rd * acc_bytes) and seq % tile
+        assert tile < native.GATHER_BYTES // (rd * acc_bytes) and seq % tile
     axes = torch.tensor([2, 0, 1, 1] * (rd // 8) + [0] * (rd // 4))[:rd // 2]
     table_len = 900
     theta = angles(torch.arange(table_len), thetas(rd))
@@ -312,6 +311,20 @@ def test_large_output_is_a_plain_contiguous_tensor():
     cos, sin = generate_rope_embeddings(1024, 256)
     torch.testing.assert_close(apply_rope(x, cos, sin).to(F64),
                                rope_by_pairs(x.to(F64), angles64(1024, 256), "interleaved"),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_any_number_of_leading_dims():
+    """Nine dims before the channels (the loop walks any number), and a 1-D x (one row)."""
+    x = torch.randn(2, 1, 2, 1, 2, 1, 2, 3, 5, 8)
+    cos, sin = generate_rope_embeddings(5, 8)
+    assert backend_name(x, 8) == "native"
+    torch.testing.assert_close(apply_rope(x, cos, sin).to(F64),
+                               rope_by_pairs(x.to(F64), angles64(5, 8), "interleaved"),
+                               rtol=1e-6, atol=1e-6)
+    row = torch.randn(8)
+    torch.testing.assert_close(native.rotate(row, cos[3], sin[3], "half", 8).to(F64),
+                               rope_by_pairs(row.to(F64), angles64(5, 8)[3], "half"),
                                rtol=1e-6, atol=1e-6)
 
 
