@@ -38,7 +38,7 @@ from ._checks import check_coordinates, check_count
 NAME = "native"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
 CHECKS_COORDINATES = True  # the C loop checks each coordinate as it reads it
-prepare = None  # no launch to prepare: ``ropelib.plans`` sends such calls the full path
+prepare = None  # no launch to prepare: such calls take the full path
 run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 SOURCE = Path(__file__).with_name("native_rope.c")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)

@@ -9,8 +9,8 @@ positions (per token, a 0-d offset, or M-RoPE's ``axes``). x and out take any st
 contiguous channels whose leading dims merge into a batch dim (rows vary) and a heads dim.
 
 The interface of ``ropelib.kernels``' backends (``decline_reason``, ``assess``, ``run``,
-``run_cache``), and ``prepare`` and ``launch``, the halves of a launch that ``ropelib.plans``
-calls apart. CUDA tensors run the compiled kernel, CPU tensors Triton's interpreter
+``run_cache``), and ``prepare`` and ``launch``, the halves of a launch that the plans of
+``ropelib.rotation`` call apart. CUDA tensors run the compiled kernel, CPU tensors Triton's interpreter
 (``ROPELIB_BACKEND=triton``: how the tests check every variant without a GPU).
 """
 
