@@ -173,12 +173,12 @@ def broadcasts(shape: torch.Size, target: tuple[int, ...], last: int = 0) -> boo
 
 
 def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            rotary_dim: int, out: torch.Tensor | None,
-                            positions: torch.Tensor | None, axes: torch.Tensor | None) -> None:
+                            rotary_dim: int, positions: torch.Tensor | None,
+                            axes: torch.Tensor | None) -> None:
     """What the rotation operators need before their loop runs, so it stays inside its
     tensors: one table pair on x's device with >= ``rotary_dim // 2`` columns; rows that
     broadcast to x's, or 2-D tables with coordinates ``(..., seq, k)`` of x's dims and one
-    axis per pair (none: k is 1); ``out`` of x's shape, dtype and device."""
+    axis per pair (none: k is 1)."""
     check_table_pair(cos, sin)
     shape, table = x.shape, cos.shape
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > shape[-1]:
@@ -189,10 +189,6 @@ def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     if not table or table[-1] < rotary_dim // 2:  # the loop reads the first rotary_dim // 2
         raise ValueError(f"cos/sin must have rotary_dim // 2 = {rotary_dim // 2} columns, got "
                          f"shape {tuple(table)}")
-    if out is not None and (out.shape != shape or out.dtype != x.dtype
-                            or out.device != x.device):
-        raise ValueError(f"out must have x's shape {tuple(shape)}, dtype {x.dtype} and device "
-                         f"{x.device}, got {tuple(out.shape)}, {out.dtype} on {out.device}")
     if positions is None:
         if not broadcasts(table, shape, -1):
             raise ValueError(f"cos/sin rows {tuple(table)} do not broadcast to x's rows "

@@ -1,5 +1,5 @@
-"""RoPE on DTensors: sharding rules of the operators ``ropelib::rotate``, ``::rotate_out``,
-``::rotate_qk`` and ``::rotate_qk_out``; below ``ropelib.rotation``, above ``ropelib.kernels``.
+"""RoPE on DTensors: sharding rules of the operators ``ropelib::rotate`` and
+``ropelib::rotate_qk``; below ``ropelib.rotation``, above ``ropelib.kernels``.
 
 A rotation works on each token's pairs with that token's rows, so it splits over every dim
 but the channels: x sharded over batch or heads rotates its slice with replicated rows;
@@ -7,6 +7,7 @@ sharded over the sequence, the rows (or multi-axis positions) are sharded alike,
 rank turns its tokens by their global positions (for context parallelism's load-balanced
 split rotate local tensors with ``ropelib.positions_for_context_parallel``); Partial x stays
 Partial (the rotation is linear); sharded over the channels, DTensor redistributes x first.
+A destination (``out=``) takes a copy of the result (DTensor's ``copy_`` redistributes).
 ``apply_rope`` hands the checks plain tables and positions (``plain_arguments``, which
 registers the rules on first use: ``import ropelib`` never imports DTensor) and the operator
 replicated rows (``replicated_arguments``). Who calls the operators on DTensors without it
@@ -115,50 +116,16 @@ def _rotate_strategies(x, cos, sin, layout, rotary_dim, inverse=False, positions
             for placement, inputs in _placements(x, cos, positions)]
 
 
-def _rotate_out_strategies(x, cos, sin, layout, rotary_dim, out, positions=None,
-                           axes=None) -> list[tuple[list, list]]:
-    """``ropelib::rotate_out``: ``out`` keeps its placement, x is brought to it."""
-    return _in_place([([], [placement] + inputs[:2] + [None, None, placement] + inputs[2:])
-                      for placement, inputs in _placements(x, cos, positions)
-                      if placement in out.placements], "out", out)
-
-
 def _rotate_qk_strategies(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
                           axes=None) -> list[tuple[list, list]]:
     """``ropelib::rotate_qk``: q and k each keep a placement where one set of rows serves
     both."""
-    return [([pq, pk], [pq, pk] + inputs[:2] + [None] * 3 + inputs[2:])
-            for pq, pk, inputs in _pair_placements(q, k, cos, positions)]
+    return [([pq, pk], [pq, pk] + inputs_q[:2] + [None] * 3 + inputs_q[2:])
+            for pq, inputs_q in _placements(q, cos, positions)
+            for pk, inputs_k in _placements(k, cos, positions) if inputs_q == inputs_k]
 
 
-def _rotate_qk_out_strategies(q, k, cos, sin, layout, rotary_dim, q_out, k_out,
-                              positions=None, axes=None) -> list[tuple[list, list]]:
-    """``ropelib::rotate_qk_out``: q_out and k_out keep their placements."""
-    return _in_place([([], [pq, pk] + inputs[:2] + [None] * 2 + [pq, pk] + inputs[2:])
-                      for pq, pk, inputs in _pair_placements(q, k, cos, positions)
-                      if pq in q_out.placements and pk in k_out.placements],
-                     "q_out and k_out", q_out)
-
-
-def _pair_placements(q, k, table, positions) -> list[tuple[object, object, list]]:
-    """(q's placement, k's, the rows' placements) where q's and k's need the same rows."""
-    return [(pq, pk, inputs_q) for pq, inputs_q in _placements(q, table, positions)
-            for pk, inputs_k in _placements(k, table, positions) if inputs_q == inputs_k]
-
-
-def _in_place(strategies: list, name: str, out) -> list:
-    """The strategies of an operator writing into ``name``; a ValueError if none keeps its
-    placement."""
-    if not strategies:
-        raise ValueError(f"{name} must be replicated or sharded over a dim other than the "
-                         f"channels, for the rotation to write into each rank's shard; got "
-                         f"placements {out.placements}. Pass a destination laid out like x, "
-                         "or none")
-    return strategies
-
-
-_RULES = {"rotate": _rotate_strategies, "rotate_out": _rotate_out_strategies,
-          "rotate_qk": _rotate_qk_strategies, "rotate_qk_out": _rotate_qk_out_strategies}
+_RULES = {"rotate": _rotate_strategies, "rotate_qk": _rotate_qk_strategies}
 
 
 def _placements(x, table, positions) -> list[tuple[object, list]]:

@@ -3,10 +3,10 @@
 Layers (imports go down only): rotation (public functions, checks, rows, plans) ->
 distributed (DTensor calls) -> kernels (here) -> native | triton_rope | eager -> _checks.
 
-The operators ``ropelib::rotate``, ``::rotate_out``, ``::rotate_qk`` and ``::rotate_qk_out``
-(``torch.library.custom_op`` with fakes) are what compilers, tracers, dispatch modes and
-DTensor see. ``rotate_each`` runs a call: directly through ``run_backend`` when nobody watches
-it (``plain_call``), else through the operator. The gradient of a rotation is the same
+The operators ``ropelib::rotate`` and ``ropelib::rotate_qk`` (``torch.library.custom_op``
+with fakes) are what compilers, tracers, dispatch modes and DTensor see. ``rotate_each`` runs
+a call: directly through ``run_backend`` when nobody watches it (``plain_call``), else through
+the operator (a destination then takes a copy of its result). The gradient of a rotation is the same
 rotation with ``inverse`` flipped (sin read as -sin): one formula (``_save``, ``_backward``)
 for the operators and for ``_EagerRotation``, the one autograd node of eager training steps.
 A backend module (``native``, ``triton_rope``, ``eager``) exports ``NAME``,
@@ -52,14 +52,6 @@ def _rotate_op(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int
                        check=True)[0]
 
 
-@torch.library.custom_op("ropelib::rotate_out", mutates_args=("out",))
-def _rotate_out_op(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
-                   out: Tensor, positions: Tensor | None = None,
-                   axes: Tensor | None = None) -> None:
-    """``ropelib::rotate`` into ``out`` (x itself, or memory sharing no element with x)."""
-    run_backend([x], [out], cos, sin, layout, rotary_dim, False, positions, axes, check=True)
-
-
 @torch.library.custom_op("ropelib::rotate_qk", mutates_args=())
 def _rotate_qk_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str,
                   rotary_dim: int, inverse: bool = False, positions: Tensor | None = None,
@@ -71,42 +63,22 @@ def _rotate_qk_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str,
     return q_out, k_out
 
 
-@torch.library.custom_op("ropelib::rotate_qk_out", mutates_args=("q_out", "k_out"))
-def _rotate_qk_out_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str,
-                      rotary_dim: int, q_out: Tensor, k_out: Tensor,
-                      positions: Tensor | None = None, axes: Tensor | None = None) -> None:
-    """``ropelib::rotate_qk`` into ``q_out`` and ``k_out``."""
-    run_backend([q, k], [q_out, k_out], cos, sin, layout, rotary_dim, False, positions, axes,
-                check=True)
-
-
-def _fake(xs, outs, cos, sin, rotary_dim, positions, axes) -> list[Tensor]:
+def _fake(xs, cos, sin, rotary_dim, positions, axes) -> list[Tensor]:
     """The operators' fake: their checks, and new outputs laid out as the kernels'."""
-    for x, out in zip(xs, outs, strict=True):
-        check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
+    for x in xs:
+        check_rotation_operands(x, cos, sin, rotary_dim, positions, axes)
     return [new_output(x) for x in xs]
 
 
 @_rotate_op.register_fake
 def _rotate_fake(x, cos, sin, layout, rotary_dim, inverse=False, positions=None, axes=None):
-    return _fake([x], [None], cos, sin, rotary_dim, positions, axes)[0]
-
-
-@_rotate_out_op.register_fake
-def _rotate_out_fake(x, cos, sin, layout, rotary_dim, out, positions=None, axes=None):
-    _fake([x], [out], cos, sin, rotary_dim, positions, axes)
+    return _fake([x], cos, sin, rotary_dim, positions, axes)[0]
 
 
 @_rotate_qk_op.register_fake
 def _rotate_qk_fake(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
                     axes=None):
-    return tuple(_fake([q, k], [None, None], cos, sin, rotary_dim, positions, axes))
-
-
-@_rotate_qk_out_op.register_fake
-def _rotate_qk_out_fake(q, k, cos, sin, layout, rotary_dim, q_out, k_out, positions=None,
-                        axes=None):
-    _fake([q, k], [q_out, k_out], cos, sin, rotary_dim, positions, axes)
+    return tuple(_fake([q, k], cos, sin, rotary_dim, positions, axes))
 
 
 def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
@@ -114,7 +86,7 @@ def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
                 positions: Tensor | None = None, axes: Tensor | None = None,
                 pending: UncheckedRange | None = None) -> list[Tensor]:
     """x (or q and k) rotated into ``outs`` (None: new; given: ``inverse`` is False), by the
-    implementation when ``plain_call``, else by the operator. Returns the results."""
+    implementation when ``plain_call``, else by the operator and a copy into ``outs``."""
     written = () if outs[0] is None else outs
     if plain_call(*xs, cos, sin, *written, positions, axes):
         if written:
@@ -124,16 +96,16 @@ def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
         if written:
             torch.autograd.graph.increment_version(written)
         return done
+    if written and not tracing():  # a DTensor's memory is its local tensor's; fakes have none
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in (*xs, *outs, cos, sin)]
+        if all(type(t) is Tensor for t in local):
+            n = len(xs)
+            check_out_memory(local[:n], local[n:2 * n], *local[2 * n:], OUT_NAMES[n])
     positions = resolve_pending(xs[0], cos, positions, axes, pending)
-    ops = torch.ops.ropelib
-    if written:
-        op = ops.rotate_out if len(xs) == 1 else ops.rotate_qk_out
-        op.default(*xs, cos, sin, layout, rotary_dim, *outs, positions, axes)
-        return list(outs)
-    if len(xs) == 1:
-        return [ops.rotate.default(xs[0], cos, sin, layout, rotary_dim, inverse, positions, axes)]
-    return list(ops.rotate_qk.default(*xs, cos, sin, layout, rotary_dim, inverse, positions,
-                                      axes))
+    args = (cos, sin, layout, rotary_dim, inverse, positions, axes)
+    done = ([torch.ops.ropelib.rotate.default(xs[0], *args)] if len(xs) == 1
+            else list(torch.ops.ropelib.rotate_qk.default(*xs, *args)))
+    return [o.copy_(r) for o, r in zip(outs, done, strict=True)] if written else done
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
@@ -289,12 +261,10 @@ def run_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
                 check: bool = False) -> Sequence[Tensor]:
     """R_Theta x for each x of ``xs`` into ``outs`` (None: new) by ``choose_backend``'s
     backend; ``pending`` coordinates resolved for a backend that does not check them;
-    ``check`` (the operators): operands and destinations' memory checked first."""
+    ``check`` (the operators): operands checked first."""
     if check:
-        for x, out in zip(xs, outs, strict=True):
-            check_rotation_operands(x, cos, sin, rotary_dim, out, positions, axes)
-        if outs[0] is not None:
-            check_out_memory(xs, outs, cos, sin, OUT_NAMES[len(xs)])
+        for x in xs:
+            check_rotation_operands(x, cos, sin, rotary_dim, positions, axes)
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if pending is not None and not backend.CHECKS_PENDING:
         positions, pending = resolve_pending(xs[0], cos, positions, axes, pending), None
@@ -390,19 +360,23 @@ def backend_status(device: str | torch.device = "cpu",
         that takes the call')``: the backend and what the others said when they declined;
         or ``backend=None`` with why every such call raises (an unknown or declining forced
         backend, a device this PyTorch cannot use, a dtype other than float16, bfloat16,
-        float32 or float64). Under ``torch.func`` transforms the rotation runs as PyTorch
-        operations whatever the backend (a declining forced backend raises there too).
+        float32 or float64). Under ``torch.func`` transforms (and forward-mode AD) the
+        rotation runs as PyTorch operations whatever the backend: ``ROPELIB_BACKEND`` does
+        not apply there.
     """
-    device = torch.device(device)
+    device, forced = torch.device(device), os.environ.get("ROPELIB_BACKEND")
     if dtype not in FLOAT_DTYPES:
         return BackendStatus(None, f"x of dtype {dtype}: every call raises TypeError (the "
                                    f"rotation takes {', '.join(map(str, FLOAT_DTYPES))})")
-    forced = os.environ.get("ROPELIB_BACKEND")
     if forced and forced not in BACKENDS:
         return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
                                    "every call raises ValueError")
-    try:
-        probe = _probe(device, dtype)
+    try:  # decline_reason's arguments: a (1, 1, 2, 8) x with float32 rows
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False" + (
+                " (this PyTorch is built without CUDA)" if torch.version.cuda is None else ""))
+        cos = torch.empty(2, 4, device=device)
+        probe = [torch.empty(1, 1, 2, 8, device=device, dtype=dtype)], [None], cos, cos, 8, None
     except (RuntimeError, AssertionError) as error:  # no such device in this build or machine
         return BackendStatus(None, f"no tensor can be made on {device} here: every call "
                                    f"raises ({type(error).__name__}: {error})")
@@ -423,48 +397,16 @@ def backend_status(device: str | torch.device = "cpu",
     return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
 
 
-def _probe(device: torch.device, dtype: torch.dtype) -> tuple:
-    """``decline_reason``'s arguments for a contiguous ``(1, 1, 2, 8)`` x of ``dtype`` on
-    ``device`` with float32 rows."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False"
-                           + (" (this PyTorch is built without CUDA)"
-                              if torch.version.cuda is None else ""))
-    x = torch.empty(1, 1, 2, 8, device=device, dtype=dtype)
-    cos = torch.empty(2, 4, device=device)
-    return [x], [None], cos, cos, 8, None
-
-
-def check_forced_under_transform(x: Tensor) -> None:
-    """Under a ``torch.func`` transform the rotation is PyTorch operations, but a forced
-    backend that declines such a call (x's dtype and device) refuses it there too."""
-    forced = os.environ.get("ROPELIB_BACKEND")
-    if not forced:
-        return
-    if forced not in BACKENDS:
-        reason = f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}"
-    else:
-        backend, reason = _backend(forced)
-        reason = reason or backend.decline_reason(*_probe(x.device, x.dtype))
-    if reason:
-        raise ValueError(f"ROPELIB_BACKEND={forced} cannot rotate this call: {reason} (under "
-                         "a torch.func transform the rotation runs as PyTorch operations, but "
-                         "a forced backend that declines the call refuses it there too)")
-
-
 def check_out_memory(xs: Sequence[Tensor], outs: Sequence[Tensor], cos: Tensor, sin: Tensor,
                      names: Sequence[tuple[str, str]] = (("out", "x"),)) -> None:
     """Each destination (``names[i]``: its name, its x's) may not overlap the tables, share an
-    element with its x unless it is x, nor (q and k) with the other x or destination; an
-    inference tensor takes no write outside inference mode. Meta tensors hold no memory."""
+    element with its x unless it is x, nor (q and k) with the other x or a later destination;
+    an inference tensor takes no write outside inference mode. Meta tensors hold no memory."""
+    n, tensors = len(xs), (*xs, *outs)
+    labels = [x_name for _, x_name in names] + [name for name, _ in names]
+    spans = [byte_span(t) for t in tensors]
     tables = (("cos", byte_span(cos)), ("sin", byte_span(sin)))
-    x_spans = [byte_span(x) for x in xs]
-    in_place = [out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
-                for x, out in zip(xs, outs, strict=True)]
-    out_spans = [x_span if same else byte_span(out)
-                 for x_span, same, out in zip(x_spans, in_place, outs, strict=True)]
-    for x, out, x_span, same, out_span, (name, x_name) in zip(
-            xs, outs, x_spans, in_place, out_spans, names, strict=True):
+    for i, (out, (name, x_name)) in enumerate(zip(outs, names, strict=True)):
         if out.is_inference() and not torch.is_inference_mode_enabled():
             raise ValueError(f"{name} is an inference tensor (made under "
                              "torch.inference_mode()) and this call is outside inference "
@@ -472,22 +414,19 @@ def check_out_memory(xs: Sequence[Tensor], outs: Sequence[Tensor], cos: Tensor, 
                              "tensors; call it under torch.inference_mode(), or pass a "
                              f"destination made outside it (e.g. {x_name}.clone())")
         for table_name, table_span in tables:
-            if _intersect(out_span, table_span):
+            if _intersect(spans[n + i], table_span):
                 raise ValueError(f"{name} shares memory with {table_name}; the rotation "
                                  "would overwrite the table it reads. Pass a separate buffer")
-        if not same and _intersect(out_span, x_span) and _share_elements(out, x):
-            raise ValueError(f"{name} shares memory with {x_name} but is not {x_name} itself "
-                             f"(other strides or offset); pass {name}={x_name} for an "
-                             "in-place rotation or a separate buffer")
-    if len(xs) == 2:
-        (q, k), (q_out, k_out), (q_span, k_span), (q_out_span, k_out_span) = (
-            xs, outs, x_spans, out_spans)
-        for name, a, a_span, other, b, b_span in (
-                ("q_out", q_out, q_out_span, "k", k, k_span),
-                ("k_out", k_out, k_out_span, "q", q, q_span),
-                ("q_out", q_out, q_out_span, "k_out", k_out, k_out_span)):
-            if _intersect(a_span, b_span) and _share_elements(a, b):
-                raise ValueError(f"{name} shares memory with {other}; rotating q and k "
+        for j in (*range(n), *range(n + i + 1, 2 * n)):
+            other = tensors[j]
+            if j == i and out.data_ptr() == other.data_ptr() and out.stride() == other.stride():
+                continue  # x itself: in place
+            if _intersect(spans[n + i], spans[j]) and _share_elements(out, other):
+                if j == i:
+                    raise ValueError(f"{name} shares memory with {x_name} but is not {x_name} "
+                                     f"itself (other strides or offset); pass {name}={x_name} "
+                                     "for an in-place rotation or a separate buffer")
+                raise ValueError(f"{name} shares memory with {labels[j]}; rotating q and k "
                                  "together needs destinations apart from the other tensor")
 
 

@@ -252,7 +252,6 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
         cos, sin, coordinates, axes = distributed.replicated_arguments(x, cos, sin, coordinates,
                                                                        axes)
     if watched == "transform":
-        kernels.check_forced_under_transform(x)
         coordinates = kernels.resolve_pending(x, cos, coordinates, axes, pending)
         rotated = [eager.rotate_composite(t, cos, sin, layout, rd, coordinates, axes)
                    for t in xs]

@@ -193,8 +193,8 @@ def case_dtensor_multi_axis_over_sequence() -> None:
 def case_operators_on_a_two_dim_mesh() -> None:
     """The operators called directly (after ``register_sharding_rules``) on a (1, 2) mesh,
     as tensor parallelism inside data parallelism lays it out: ``rotate`` keeps x's
-    placements; ``rotate_out`` writes into ``out`` where it lies, also when x has other
-    placements (x is moved, never out, whose local tensors are the result)."""
+    placements; ``apply_rope(..., out=out)`` writes into ``out`` where it lies, also when x
+    has other placements (out is never moved: its local tensors are the result)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -212,8 +212,8 @@ def case_operators_on_a_two_dim_mesh() -> None:
     for x_placements in (placements, [Replicate(), Shard(2)]):
         out = distribute_tensor(torch.zeros(B, H, N, D, dtype=F64), m, placements)
         local = out.to_local()
-        torch.ops.ropelib.rotate_out.default(distribute_tensor(x, m, x_placements), cos, sin,
-                                             "half", D, out)
+        with torch.no_grad():
+            apply_rope(distribute_tensor(x, m, x_placements), cos, sin, layout="half", out=out)
         assert out.placements == tuple(placements)
         assert out.to_local().data_ptr() == local.data_ptr()
         torch.testing.assert_close(local, expected.chunk(2, 1)[dist.get_rank()], **TOL)
@@ -232,8 +232,9 @@ def case_dtensor_partial_stays_partial() -> None:
 
 
 def case_dtensor_refusals() -> None:
-    """Local positions with a sequence-sharded x, a destination sharded over the channels,
-    DTensor tables with a plain x: refused with messages that say what to pass."""
+    """Local positions with a sequence-sharded x, DTensor tables with a plain x: refused
+    with messages that say what to pass. A destination sharded over the channels takes the
+    rotation (a copy of the result, which DTensor redistributes) and keeps its placement."""
     import pytest
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -244,13 +245,12 @@ def case_dtensor_refusals() -> None:
                        r"shard of x, but x is a DTensor whose global sequence has 8 .*pass the "
                        r"positions of the whole sequence \(shape \(\.\.\., 8\)\)"):
         apply_rope(distribute_tensor(x, m, [Shard(2)]), cos, sin, positions=torch.arange(4))
-    # DTensor wraps the rule's ValueError in a RuntimeError that adds the operator's specs
-    with pytest.raises(RuntimeError, match=r"out must be replicated or sharded over a dim "
-                       r"other than the channels.*got placements \(Shard\(dim=3\),\)"
-                       ) as refused, torch.no_grad():
-        apply_rope(distribute_tensor(x, m, [Shard(1)]), cos, sin,
-                   out=distribute_tensor(torch.zeros_like(x), m, [Shard(3)]))
-    assert isinstance(refused.value.__cause__, ValueError)
+    out = distribute_tensor(torch.zeros_like(x), m, [Shard(3)])
+    with torch.no_grad():
+        apply_rope(distribute_tensor(x, m, [Shard(1)]), cos, sin, out=out)
+    assert out.placements == (Shard(3),)
+    torch.testing.assert_close(out.full_tensor(), rotated(x, torch.arange(N), "interleaved"),
+                               **TOL)
     with pytest.raises(TypeError, match=r"cos and sin are DTensors but x is a plain "
                        r"torch.Tensor; pass x as a DTensor too"):
         apply_rope(x, distribute_tensor(cos, m, [Replicate()]),

@@ -29,6 +29,7 @@ from ropelib import (
     RotaryEmbedding,
     StandardAttentionWithRoPE,
     apply_rope,
+    apply_rope_qk,
     generate_rope_embeddings,
     native,
 )
@@ -223,6 +224,48 @@ def test_row07_export_apply_rope_up_to_the_table_length(device):
         got = program.module()(x.to(device))
         assert got.device == device
         torch.testing.assert_close(got.cpu().to(F64), want, rtol=1e-6, atol=1e-6)
+
+
+def test_out_and_inplace_under_compile_and_export_give_the_float64_rotation(device):
+    """A call with out= (or inplace=True) that a compiler or exporter records is the
+    operator and a copy into the destination: the destinations hold the float64 rotation,
+    the other tensors are untouched, and a destination of another shape is refused as in
+    eager (the same message)."""
+    cos, sin = generate_rope_embeddings(8, 16, device=device)
+    q, k = torch.randn(2, 4, 8, 16).to(device), torch.randn(2, 2, 8, 16).to(device)
+    positions = torch.tensor([3, 1, 4, 1, 5, 0, 2, 6], device=device)
+
+    def want(t):
+        return rope_by_pairs(t, angles(positions.cpu(), thetas(16)), "half")
+
+    def into(q, k, q_out, k_out):
+        apply_rope_qk(q, k, cos, sin, layout="half", positions=positions, out=(q_out, k_out))
+        return apply_rope(q, cos, sin, layout="half", positions=positions, out=q_out)
+
+    def in_place(q, k):
+        return apply_rope_qk(q, k, cos, sin, layout="half", positions=positions, inplace=True)
+
+    class InPlace(torch.nn.Module):
+        def forward(self, q, k):
+            return in_place(q, k)
+
+    compiled_into = torch.compile(into, fullgraph=True, backend="aot_eager")
+    destinations = [torch.zeros_like(q), torch.zeros_like(k)]
+    with torch.no_grad():
+        compiled_into(q, k, *destinations)
+    for got, t in zip(destinations, (q, k), strict=True):
+        torch.testing.assert_close(got.cpu().to(F64), want(t), rtol=1e-6, atol=1e-6)
+    program = torch.export.export(InPlace(), (q.clone(), k.clone()))
+    for run in (torch.compile(in_place, fullgraph=True, backend="aot_eager"), program.module()):
+        q_in, k_in = q.clone(), k.clone()
+        with torch.no_grad():
+            run(q_in, k_in)
+        torch.testing.assert_close(q_in.cpu().to(F64), want(q), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(k_in.cpu().to(F64), want(k), rtol=1e-6, atol=1e-6)
+    small = torch.zeros(2, 4, 7, 16, device=device)
+    for run in (apply_rope, torch.compile(apply_rope, backend="aot_eager")):
+        with pytest.raises(ValueError, match=r"out must match x: shape \(2, 4, 8, 16\)"):
+            run(q, cos, sin, out=small)
 
 
 # Row 8: integer positions of every dtype -----------------------------------------------------

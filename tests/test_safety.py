@@ -416,9 +416,6 @@ def test_operator_registration_passes_opcheck(device):
     torch.library.opcheck(torch.ops.ropelib.rotate.default,
                           (torch.randn(3, 6, 8).to(device, torch.bfloat16), cos, sin,
                            "interleaved", 6))
-    torch.library.opcheck(torch.ops.ropelib.rotate_out.default,
-                          (x.detach(), cos, sin, "interleaved", 8,
-                           torch.empty(2, 6, 8, device=device)))
     positions = torch.randint(0, 6, (2, 5, 3)).to(device)
     pair_axes = torch.tensor([0, 2, 1, 1], device=device)
     torch.library.opcheck(torch.ops.ropelib.axis_rows.default, (cos, sin, positions, pair_axes))
@@ -427,9 +424,6 @@ def test_operator_registration_passes_opcheck(device):
     for x_axes in (rows, rows.detach().bfloat16()):
         torch.library.opcheck(torch.ops.ropelib.rotate.default,
                               (x_axes, cos, sin, "half", 8, False, coordinates, pair_axes))
-    torch.library.opcheck(torch.ops.ropelib.rotate_out.default,
-                          (rows.detach(), cos, sin, "interleaved", 8,
-                           torch.empty(2, 1, 5, 8, device=device), coordinates, pair_axes))
 
 
 # Row 12 --------------------------------------------------------------------------------------

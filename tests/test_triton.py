@@ -312,17 +312,12 @@ def _qk_inputs(device):
 
 def test_operators_pass_opcheck(device, monkeypatch):
     """torch.library.opcheck (schema, fake tensors, autograd registration, dispatcher) of the
-    four operators on the device's default backend."""
+    two operators on the device's default backend."""
     monkeypatch.delenv("ROPELIB_BACKEND")
     q, k, cos, sin = _qk_inputs(device)
     ops = torch.ops.ropelib
     torch.library.opcheck(ops.rotate.default, (q, cos, sin, "half", 16, False, None, None))
-    torch.library.opcheck(ops.rotate_out.default,
-                          (q, cos, sin, "interleaved", 16, torch.empty_like(q), None, None))
     torch.library.opcheck(ops.rotate_qk.default, (q, k, cos, sin, "half", 16, False, None, None))
-    torch.library.opcheck(ops.rotate_qk_out.default, (q, k, cos, sin, "half", 16,
-                                                      torch.empty_like(q), torch.empty_like(k),
-                                                      None, None))
 
 
 def test_query_and_key_compile_fullgraph_and_export(device, monkeypatch):
