@@ -1,7 +1,5 @@
-"""Argument checks shared by ropelib's public functions, and what every layer of the
-rotation asks alike: ``watcher`` (who watches a call) and ``new_output`` (a new output's
-layout). The bottom layer: it imports no other module of ropelib. Every message names the
-argument, what was seen and what was expected.
+"""Argument checks shared by ropelib's public functions, ``watcher`` and ``new_output``:
+the bottom layer. Every message names the argument, what was seen and what was expected.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ def check_layout(layout: str) -> None:
 
 
 def tracing() -> bool:
-    """Whether a compiler or tracer records the call (``torch.compile``, ``torch.export``,
-    ``torch.jit.trace``): sizes may be symbolic and values unknown, so nothing branches on
-    them; misuse checks become runtime assertions or are skipped."""
+    """Whether a compiler or tracer (compile, export, jit.trace) records the call: sizes may
+    be symbolic and values unknown."""
     return is_compiling() or is_tracing()
 
 
@@ -35,14 +32,10 @@ _PROBE = torch.empty(0)  # watcher's question to forward AD
 
 
 def watcher(*tensors: object, written: Sequence[object] = ()) -> str | None:
-    """Who watches a call with these tensors (non-tensors passed over) and destinations
-    ``written``, the one answer every layer acts on (flash-attention's PR 2823 pattern):
-    None: nobody (an eager call of plain tensors: the kernel is launched directly);
-    ``"dispatcher"``: a compiler, tracer, ``TorchDispatchMode`` or tensor subclass (DTensor,
-    fake tensor, Parameter): the registered operators, one node for them; ``"transform"``:
-    a ``torch.func`` transform (a wrapper without storage, also one left over) or forward AD
-    (a tangent): PyTorch operations (``eager.rotate_composite``). No ``torch._C``; the
-    dispatch-mode question comes from ``torch.utils._python_dispatch`` (no public one)."""
+    """Who watches a call with these tensors and destinations ``written``: None (nobody: the
+    kernel is launched directly); ``"dispatcher"`` (a compiler, tracer, dispatch mode or
+    tensor subclass: the operators); ``"transform"`` (a ``torch.func`` wrapper or a tangent:
+    PyTorch operations)."""
     if is_compiling() or is_tracing() or is_in_torch_dispatch_mode():
         return "dispatcher"
     # unpack_dual returns its tensor itself with no forward-AD level active, else a view:
@@ -175,10 +168,8 @@ def broadcasts(shape: torch.Size, target: tuple[int, ...], last: int = 0) -> boo
 def check_rotation_operands(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                             rotary_dim: int, positions: torch.Tensor | None,
                             axes: torch.Tensor | None) -> None:
-    """What the rotation operators need before their loop runs, so it stays inside its
-    tensors: one table pair on x's device with >= ``rotary_dim // 2`` columns; rows that
-    broadcast to x's, or 2-D tables with coordinates ``(..., seq, k)`` of x's dims and one
-    axis per pair (none: k is 1)."""
+    """What the operators need so their loop stays inside its tensors: rows that broadcast
+    to x's, or 2-D tables with coordinates ``(..., seq, k)`` and one axis per pair."""
     check_table_pair(cos, sin)
     shape, table = x.shape, cos.shape
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > shape[-1]:
@@ -254,9 +245,8 @@ def traced_nonnegative(positions: torch.Tensor) -> torch.Tensor:
 
 
 def new_output(x: torch.Tensor, gpu: bool | None = None) -> torch.Tensor:
-    """A new output for x's rotation (every backend's and the fakes'): on a GPU in x's
-    layout where x is dense with contiguous channels (as PyTorch's elementwise operations),
-    else contiguous. ``gpu``: whether x counts as on a GPU (default: its device)."""
+    """A new output for x's rotation: on a GPU (``gpu``, default x's device) in x's layout
+    where its channels are contiguous, else contiguous."""
     keep = (x.device.type == "cuda" if gpu is None else gpu) and x.stride(-1) == 1
     return torch.empty_like(x, memory_format=torch.preserve_format if keep
                             else torch.contiguous_format)

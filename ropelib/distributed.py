@@ -1,18 +1,14 @@
-"""RoPE on DTensors: sharding rules of the operators ``ropelib::rotate`` and
-``ropelib::rotate_qk``; below ``ropelib.rotation``, above ``ropelib.kernels``.
+"""RoPE on DTensors: sharding rules of ``ropelib::rotate`` and ``ropelib::rotate_qk``.
 
-A rotation works on each token's pairs with that token's rows, so it splits over every dim
-but the channels: x sharded over batch or heads rotates its slice with replicated rows;
-sharded over the sequence, the rows (or multi-axis positions) are sharded alike, so each
-rank turns its tokens by their global positions (for context parallelism's load-balanced
-split rotate local tensors with ``ropelib.positions_for_context_parallel``); Partial x stays
-Partial (the rotation is linear); sharded over the channels, DTensor redistributes x first.
-A destination (``out=``) takes a copy of the result (DTensor's ``copy_`` redistributes).
-``apply_rope`` hands the checks plain tables and positions (``plain_arguments``, which
-registers the rules on first use: ``import ropelib`` never imports DTensor) and the operator
-replicated rows (``replicated_arguments``). Who calls the operators on DTensors without it
-calls ``register_sharding_rules()`` first. FSDP2 needs none of this (it gathers parameters
-into plain tensors before each forward).
+A rotation splits over every dim but the channels: x sharded over batch or heads rotates its
+slice with replicated rows; over the sequence, the rows (or multi-axis positions) are sharded
+alike, so each rank turns its tokens by their global positions (context parallelism's
+load-balanced split: rotate local tensors with ``ropelib.positions_for_context_parallel``);
+Partial x stays Partial (the rotation is linear); over the channels, DTensor redistributes x
+first. A destination (``out=``) takes a copy of the result. ``apply_rope`` hands the checks
+plain tables (``plain_arguments``, which registers the rules on first use) and the operator
+replicated rows (``replicated_arguments``); who calls the operators on DTensors directly
+calls ``register_sharding_rules()`` first. FSDP2 needs none of this.
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ def plain_arguments(rotated: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: t
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
                                torch.Tensor | None]:
     """cos, sin, positions and axes of a DTensor call (``rotated``: ``(x,)`` or ``(q, k)``) as
-    plain tensors (``full_tensor()``), for the checks and the rows; the rules registered.
-    A TypeError for DTensors mixed with plain tensors to rotate, or DTensor tables with a
-    plain x; a ValueError for positions of x's local shard's length."""
+    plain tensors for the checks and the rows; refuses DTensors mixed with plain tensors."""
     dtensor = dtensor_class()
     if dtensor is None:
         return cos, sin, positions, axes
@@ -68,8 +62,7 @@ def plain_arguments(rotated: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: t
 
 def replicated_arguments(x: torch.Tensor, *tensors: torch.Tensor | None
                          ) -> tuple[torch.Tensor | None, ...]:
-    """The rows, coordinates and axes beside a DTensor x as DTensors replicated on its mesh
-    (the rules take from them what each rank needs); unchanged for a plain x."""
+    """The tensors beside a DTensor x replicated on its mesh; unchanged for a plain x."""
     dtensor = dtensor_class()
     if dtensor is None or not isinstance(x, dtensor):
         return tensors
@@ -118,8 +111,7 @@ def _rotate_strategies(x, cos, sin, layout, rotary_dim, inverse=False, positions
 
 def _rotate_qk_strategies(q, k, cos, sin, layout, rotary_dim, inverse=False, positions=None,
                           axes=None) -> list[tuple[list, list]]:
-    """``ropelib::rotate_qk``: q and k each keep a placement where one set of rows serves
-    both."""
+    """``ropelib::rotate_qk``: q and k keep placements that one set of rows serves."""
     return [([pq, pk], [pq, pk] + inputs_q[:2] + [None] * 3 + inputs_q[2:])
             for pq, inputs_q in _placements(q, cos, positions)
             for pk, inputs_k in _placements(k, cos, positions) if inputs_q == inputs_k]
@@ -129,8 +121,8 @@ _RULES = {"rotate": _rotate_strategies, "rotate_qk": _rotate_qk_strategies}
 
 
 def _placements(x, table, positions) -> list[tuple[object, list]]:
-    """(x's placement on one mesh dim, the placements of (cos, sin, positions, axes)) for
-    each under which the rotation runs locally; multi-axis positions carry x's dims."""
+    """(x's placement, the placements of (cos, sin, positions, axes)) for each under which the
+    rotation runs locally."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     def aligned(spec, dim: int):

@@ -1,13 +1,10 @@
 """The eager backend: the rotation in PyTorch operations, for every device and dtype.
 
 It runs where no compiled kernel takes a call (float16 on the CPU, float64 on a GPU, no C
-compiler, other devices), one of the backends below ``ropelib.kernels``. The interleaved
-layout is one complex multiply by e^{i m theta} (``view_as_complex``; half precision widened
-to float32 once); otherwise ``a cos - b sin`` and ``a sin + b cos`` are two ``mul`` and two
-``addcmul_`` into the destination, or, in place or in half precision, products in float32
-temporaries first: half precision rounds once, as in the compiled loop and Triton.
-``gather_rows``, ``pairs`` and ``rotate_composite`` (differentiable, for ``torch.func``)
-serve the layers above.
+compiler, other devices). The interleaved layout is one complex multiply by e^{i m theta};
+otherwise two ``mul`` and two ``addcmul_`` into the destination (in place or in half
+precision, products in float32 temporaries first: half precision rounds once).
+``rotate_composite`` (differentiable) serves ``torch.func`` transforms.
 """
 
 from __future__ import annotations
@@ -25,16 +22,11 @@ prepare = None  # no launch to prepare: such calls take the full path
 run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 
 
-def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None) -> str | None:
+def decline_reason(xs, outs, cos, sin, rotary_dim, positions) -> None:
     """None: eager PyTorch takes every call."""
-    return None
 
 
-def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
-           ) -> tuple[str | None, None]:
+def assess(xs, outs, cos, sin, rotary_dim, positions) -> tuple[None, None]:
     """(``decline_reason``, no plan)."""
     return None, None
 

@@ -1,17 +1,13 @@
 """The rotation's operators, their autograd formula, and the choice of a backend per call.
 
-Layers (imports go down only): rotation (public functions, checks, rows, plans) ->
-distributed (DTensor calls) -> kernels (here) -> native | triton_rope | eager -> _checks.
-
-The operators ``ropelib::rotate`` and ``ropelib::rotate_qk`` (``torch.library.custom_op``
-with fakes) are what compilers, tracers, dispatch modes and DTensor see. ``rotate_each`` runs
-a call: directly through ``run_backend`` when nobody watches it (``plain_call``), else through
-the operator (a destination then takes a copy of its result). The gradient of a rotation is the same
-rotation with ``inverse`` flipped (sin read as -sin): one formula (``_save``, ``_backward``)
-for the operators and for ``_EagerRotation``, the one autograd node of eager training steps.
-A backend module (``native``, ``triton_rope``, ``eager``) exports ``NAME``,
-``decline_reason``, ``assess``, ``run``, ``CHECKS_PENDING``, ``CHECKS_COORDINATES``,
-``run_cache`` and ``prepare``; ``ROPELIB_BACKEND`` (read per call) forces one.
+Layers: rotation -> distributed -> kernels (here) -> native | triton_rope | eager -> _checks.
+``ropelib::rotate`` and ``ropelib::rotate_qk`` are what compilers, tracers, dispatch modes and
+DTensor see; ``rotate_each`` runs a call directly when nobody watches it (``plain_call``),
+else through the operator (a destination then takes a copy). The gradient is the rotation
+with ``inverse`` flipped: one formula (``_save``, ``_backward``) for the operators and
+``_EagerRotation``. A backend module exports ``NAME``, ``decline_reason``, ``assess``,
+``run``, ``CHECKS_PENDING``, ``CHECKS_COORDINATES``, ``run_cache`` and ``prepare``;
+``ROPELIB_BACKEND`` (read per call) forces one.
 """
 
 from __future__ import annotations
@@ -117,8 +113,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
 
 
 def plain_call(*tensors: Tensor | None) -> bool:
-    """Whether the implementation may run without the dispatcher: nobody watches the call
-    (``watcher``) and no tensor needs a gradient (the dispatcher's layers cost 10-30 us)."""
+    """Whether the call may skip the dispatcher: not watched, no tensor needs a gradient."""
     if watcher(*tensors) is not None:
         return False
     if torch.is_grad_enabled():
@@ -132,10 +127,8 @@ def rotate_qk_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, l
                     rotary_dim: int, key_cache: Tensor, value_cache: Tensor, slot: Tensor,
                     positions: Tensor | None = None, pending: UncheckedRange | None = None
                     ) -> Tensor:
-    """A decode step: q rotated into a new tensor, k rotated into ``key_cache[..., slot + 0 ..
-    n - 1, :]``, v copied into ``value_cache`` there (caches ``(..., kv_heads, capacity, d)``,
-    ``slot`` 0-d). One launch where the backend has ``run_cache``; on the CPU k is rotated
-    into its slots (the slot checked by the caller); else ``index_copy_`` after the rotation."""
+    """A decode step: q rotated (returned), k rotated into ``key_cache[..., slot + 0 .. n - 1,
+    :]``, v copied into ``value_cache`` there (caches ``(..., kv_heads, capacity, d)``)."""
     n, capacity = q.shape[-2], key_cache.shape[-2]
     if plain_call(q, k, v, cos, sin, key_cache, value_cache, slot, positions):
         backend, plan = choose_backend([q, k, v], [None, key_cache, value_cache], cos, sin,
@@ -164,10 +157,8 @@ def rotate_qk_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, l
 
 
 def _save(ctx, inputs: tuple, output) -> None:
-    """The context of the one gradient formula, for ``ropelib::rotate`` (x alone: no k in its
-    inputs), ``ropelib::rotate_qk`` and ``_EagerRotation`` (k None: one tensor). Saves x (or q
-    and k) only when the tables need grads; a rotated tensor whose input records nothing
-    records nothing either (constant tables)."""
+    """The gradient formula's context for ``rotate`` (no k), ``rotate_qk`` and
+    ``_EagerRotation`` (k None); x saved only when the tables need grads."""
     ctx.alone = len(inputs) == 8
     if ctx.alone:
         inputs, needs = (inputs[0], None, *inputs[1:]), ctx.needs_input_grad
@@ -231,9 +222,8 @@ torch.library.register_autograd("ropelib::rotate_qk", _backward, setup_context=_
 
 
 class _EagerRotation(torch.autograd.Function):
-    """``ropelib::rotate_qk`` (k None: ``ropelib::rotate``) with its formula as one autograd
-    node that runs the backend directly, without the operators' layers (about 100 us a
-    training step at small shapes): eager training steps with constant tables only."""
+    """``ropelib::rotate_qk`` (k None: ``rotate``) as one node running the backend directly:
+    eager training steps with constant tables (the operators' layers cost about 100 us)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor, layout: str,
@@ -249,9 +239,7 @@ class _EagerRotation(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
-# ``apply`` without ``Function.apply``'s Python layer (it binds defaults with
-# ``inspect.signature``, unwraps torch.func wrappers, hands transforms to
-# ``custom_function_call``): none of it applies to an eager training step.
+# ``apply`` without ``Function.apply``'s Python layer (signature binding, torch.func hand-off)
 eager_rotation = super(torch.autograd.Function, _EagerRotation).apply
 
 
@@ -260,8 +248,7 @@ def run_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
                 axes: Tensor | None = None, pending: UncheckedRange | None = None,
                 check: bool = False) -> Sequence[Tensor]:
     """R_Theta x for each x of ``xs`` into ``outs`` (None: new) by ``choose_backend``'s
-    backend; ``pending`` coordinates resolved for a backend that does not check them;
-    ``check`` (the operators): operands checked first."""
+    backend; ``check`` (the operators): operands checked first."""
     if check:
         for x in xs:
             check_rotation_operands(x, cos, sin, rotary_dim, positions, axes)
@@ -276,9 +263,8 @@ def run_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
 
 
 class UncheckedRange(NamedTuple):
-    """What a call that read no value on the host (eager, on a GPU) leaves to the rotation:
-    the coordinates' range, ``clamp`` them to the last row (``short_table="repeat_last"``);
-    ``step``: they are a 0-d offset (shaped as ones) and row s sits at offset + s."""
+    """Coordinates whose range is left to the rotation (on a device): ``clamp`` them to the
+    last row; ``step``: they are a 0-d offset and row s sits at offset + s."""
 
     clamp: bool
     step: bool
@@ -290,8 +276,7 @@ UNCHECKED_RANGES = {(clamp, step): UncheckedRange(clamp, step) for clamp in (Fal
 
 def resolve_pending(x: Tensor, cos: Tensor, positions: Tensor | None, axes: Tensor | None,
                     pending: UncheckedRange | None) -> Tensor | None:
-    """``pending`` coordinates made plain with PyTorch operations on their device (no value
-    read back): an offset's rows spelled out, the range asserted, clamped for ``clamp``."""
+    """``pending`` coordinates made plain on their device (no value read back)."""
     if pending is None:
         return positions
     seq, table_len = x.shape[-2], cos.shape[0]
@@ -314,8 +299,8 @@ def resolve_pending(x: Tensor, cos: Tensor, positions: Tensor | None, axes: Tens
 def choose_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor,
                    sin: Tensor, rotary_dim: int, positions: Tensor | None = None
                    ) -> tuple[ModuleType, object]:
-    """(the backend ``ROPELIB_BACKEND`` names, a ValueError if it declines, else the first of
-    the device's ``ORDER`` that takes the call; the plan its ``assess`` made for ``run``)."""
+    """(the forced backend, a ValueError if it declines, else the first of the device's
+    ``ORDER`` that takes the call; the plan its ``assess`` made)."""
     forced = os.environ.get("ROPELIB_BACKEND")
     if forced and forced not in BACKENDS:
         raise ValueError(f"ROPELIB_BACKEND must be one of {BACKENDS}, got {forced!r}")
@@ -335,8 +320,7 @@ _MODULES = {"native": ".native", "triton": ".triton_rope", "eager": ".eager"}
 
 @functools.cache
 def _backend(name: str) -> tuple[ModuleType | None, str | None]:
-    """(the backend's module, None), or (None, why it cannot be imported): imported on first
-    use (Triton with the first CUDA tensor)."""
+    """(the backend's module, None), or (None, why it cannot be imported)."""
     try:
         return importlib.import_module(_MODULES[name], __package__), None
     except ImportError as error:
@@ -450,9 +434,8 @@ def _intersect(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _share_elements(a: Tensor, b: Tensor) -> bool:
-    """Whether views a and b of one buffer address a common element: whether b's first
-    element minus a's is ``sum_d i_d stride_d - sum_e j_e stride_e`` within their sizes (dims
-    of one stride merged); a search too wide to finish counts as shared."""
+    """Whether views a and b of one buffer address a common element (the gap between their
+    starts a sum of strides within their sizes); a search too wide counts as shared."""
     size = a.element_size()
     gap = b.data_ptr() - a.data_ptr()
     if gap % size or b.element_size() != size:
@@ -469,8 +452,7 @@ def _share_elements(a: Tensor, b: Tensor) -> bool:
 
 
 def _reachable(gap: int, dims: list[tuple[int, int, int]], budget: list[int]) -> bool:
-    """Whether gap = sum_k c_k stride_k with low_k <= c_k <= high_k (dims by decreasing
-    stride); True when ``budget[0]`` coefficients tried leave it undecided."""
+    """Whether gap = sum_k c_k stride_k, low_k <= c_k <= high_k; True past ``budget[0]``."""
     if not dims:
         return gap == 0
     (stride, low, high), rest = dims[0], dims[1:]

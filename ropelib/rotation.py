@@ -5,14 +5,10 @@ b' = a sin(m theta_i) + b cos(m theta_i), the block-diagonal R_{Theta,m} of RoFo
 ``"interleaved"`` pairs channels (2i, 2i+1) (RoFormer, GPT-J, Meta's Llama), ``"half"``
 (i, i + d/2) (GPT-NeoX, Hugging Face Llama).
 
-The top layer: rotation (here) -> distributed (DTensor calls) -> kernels (operators,
-autograd, backend choice) -> native | triton_rope | eager -> _checks. ``apply_rope`` and
-``apply_rope_qk`` check what is theirs and call ``_rotate``, which checks the rest, selects
-the table rows (``_rows``: a view, a gather, or positions handed on for the kernel to read)
-and takes the route ``watcher`` answers; ``apply_rope_qk_to_cache`` shares the checks, rows
-and plans and ends in ``kernels.rotate_qk_cache``. On the device route a call's signature
-keys a ``Plan`` in ``_plans``: the first call checks everything and keeps the Triton launch;
-a later call checks only its addresses and launches.
+The top layer: rotation (here) -> distributed -> kernels -> native | triton_rope | eager ->
+_checks. ``_rotate`` checks a call, selects its rows (``_rows``) and takes the route
+``watcher`` answers. On a device a call's signature keys a ``Plan`` in ``_plans``: the first
+call checks everything and keeps the launch; a later one checks only its addresses.
 """
 
 from __future__ import annotations
@@ -214,8 +210,7 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
             short_table: str, axes: torch.Tensor | None, inplace: bool = False
             ) -> Sequence[torch.Tensor]:
     """The one path of ``apply_rope`` (xs ``(x,)``) and ``apply_rope_qk`` (``(q, k)``), outs
-    one per x (None: new): a planned call launches; else the checks, the rows, a plan kept,
-    and the route ``watcher`` answers. Returns the rotated tensors."""
+    one per x (None: new). Returns the rotated tensors."""
     x = xs[0]
     given = (cos, sin, positions if positions is not None else (
         offset if isinstance(offset, torch.Tensor) else None), axes)
@@ -271,9 +266,8 @@ def _rotate(xs: tuple, outs: tuple, cos: torch.Tensor, sin: torch.Tensor, layout
 
 
 class Plan(NamedTuple):
-    """A signature's plan: ``kernel`` (the Triton backend) and its prepared ``launch`` (None:
-    empty tensors), or kernel None: another backend takes such calls (the full path);
-    ``extents``: the bytes each tensor of ``_kept_apart`` spans; ``in_place``: outs are xs."""
+    """A signature's backend with a ``prepare`` and its ``launch`` (kernel None: the full
+    path); ``extents``: the bytes each tensor of ``_kept_apart`` spans; ``in_place``."""
 
     kernel: ModuleType | None
     launch: object = None
@@ -286,10 +280,8 @@ _plans: dict[tuple, Plan] = {}
 
 def _signature(xs: tuple, outs: tuple, given: tuple, options: tuple, positions: object = None,
                offset: object = 0) -> tuple[tuple | None, Plan | None]:
-    """(key, the plan kept under it or None) of a device call: ``ROPELIB_BACKEND``, options,
-    in place or not, and each tensor's shape, strides, dtype, device and negation bit
-    (``given``: the caller's cos, sin, coordinates, axes, slot). (None, None) where no plan
-    serves: anybody watching, autograd, a tensor subclass, an int offset other than 0."""
+    """(key, its plan or None) of a device call (``given``: cos, sin, coordinates, axes,
+    slot); (None, None) where no plan serves: watched, autograd, an int offset but 0."""
     grad = torch.is_grad_enabled()
     if ((grad and xs[0].requires_grad) or watcher(*xs, *given, written=outs) is not None
             or not ((type(offset) is int and offset == 0)
@@ -314,10 +306,8 @@ def _make_plan(key: tuple, xs: tuple, outs: tuple, cos: Tensor, sin: Tensor, lay
                rd: int, coordinates: Tensor | None, axes: Tensor | None,
                pending: kernels.UncheckedRange | None, given: tuple,
                slot: Tensor | None = None) -> Plan | None:
-    """The plan of a checked call, kept under ``key``: the Triton kernel's prepared launch
-    where each operand starts at its caller's tensor (``given``: later launches take
-    those), else ``Plan(None)``; None when the backend refuses the call (the full path
-    raises)."""
+    """The plan of a checked call, kept under ``key`` (a launch where every operand is the
+    caller's tensor, ``given``); None when the backend refuses the call."""
     try:
         backend, assessed = kernels.choose_backend(xs, outs, cos, sin, rd, coordinates)
     except ValueError:
@@ -400,10 +390,8 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           axes: object, watched: str | None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                      kernels.UncheckedRange | None]:
-    """(cos, sin, coordinates, axes, pending) for the kernels: the rows of x's positions (a
-    slice or a gather, shaped to broadcast against x), or the 2-D tables with coordinates
-    ``(1 or batch, 1, ..., seq, k)`` the kernel reads the rows through (with ``axes``; on a
-    device in eager mode positions and a 0-d offset, their range still ``pending``)."""
+    """(cos, sin, coordinates, axes, pending): rows that broadcast against x, or 2-D tables
+    with coordinates ``(1 or batch, 1, ..., seq, k)`` (their range ``pending`` on a device)."""
     if cos.ndim != 2:  # rows already gathered
         if axes is not None:
             raise ValueError(f"axes selects rows of 2-D tables (table_len, {rd // 2}); cos/sin "
@@ -461,10 +449,8 @@ def _given(offset: int | torch.Tensor) -> bool:
 def _check_positions(positions: torch.Tensor | None, x: torch.Tensor, offset: object,
                      table_len: int, short_table: str, deferred: bool,
                      axes: object, rd: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(positions, axes) as int64 (uint8 would index as a mask), checked: on the host where
-    they are there, else asserted on their device; ``deferred`` (eager on a device): only
-    their shapes (the kernel checks the values). With ``axes`` (multi-axis) positions are
-    ``(seq, k)`` or ``(batch, seq, k)``; clamped to the table for ``repeat_last``."""
+    """(positions, axes) as int64, checked on the host, asserted on a device, or (``deferred``)
+    only their shapes; clamped to the table for ``repeat_last``."""
     seq, batch = x.shape[-2], x.shape[0] if x.ndim >= 3 else "batch"
     multi = axes is not None
     if multi:
@@ -572,8 +558,6 @@ def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 def check_offset(offset: object) -> int | torch.Tensor:
     """offset as a non-negative int (Python or NumPy integer, 0-d integer tensor); a 0-d
     tensor on a GPU stays one (not read back; checked where its rows are used)."""
-    if type(offset) is int and offset >= 0:
-        return offset
     if isinstance(offset, torch.Tensor) and _on_device(offset):
         if offset.ndim or offset.is_floating_point() or offset.is_complex() or (
                 offset.dtype == torch.bool):
@@ -590,19 +574,16 @@ def check_offset(offset: object) -> int | torch.Tensor:
 
 
 def _table_width_hint(width: int, head_dim: int, default_dim: bool) -> str:
-    """What to do with tables ``width`` wide that do not fit: a partial rotation, or
-    transformers' tables (``cat(freqs, freqs)``)."""
-    hints = []
-    if default_dim and 2 * width <= head_dim:
-        hints.append(f"for a partial rotation pass rotary_dim={2 * width}")
+    """Hints for tables ``width`` wide that do not fit: a partial rotation, transformers'."""
+    hint = (f"; for a partial rotation pass rotary_dim={2 * width}"
+            if default_dim and 2 * width <= head_dim else "")
     if width <= head_dim and width % 2 == 0:
         partial = f", rotary_dim={width}" if width < head_dim else ""
-        hints.append(f"tables {width} wide may be transformers' (cat(freqs, freqs), as wide "
-                     f"as the channels they rotate): pass cos[..., :{width // 2}] and "
-                     f"sin[..., :{width // 2}] with layout='half'{partial}, or call "
-                     "ropelib.hf.apply_rotary_pos_emb(q, k, cos, sin), which takes them as "
-                     "they are")
-    return "".join(f"; {hint}" for hint in hints)
+        hint += (f"; tables {width} wide may be transformers' (cat(freqs, freqs), as wide as "
+                 f"the channels they rotate): pass cos[..., :{width // 2}] and sin[..., "
+                 f":{width // 2}] with layout='half'{partial}, or call ropelib.hf."
+                 "apply_rotary_pos_emb(q, k, cos, sin), which takes them as they are")
+    return hint
 
 
 def _check_out(out: object, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
