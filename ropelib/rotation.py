@@ -422,7 +422,7 @@ def _rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             return (cos, sin, offset.reshape((1,) * x.ndim), None,
                     kernels.UNCHECKED_RANGES[clamp, True])
         positions, offset = offset + torch.arange(seq, device=offset.device), 0
-    positions, axes = _check_positions(positions, x, offset, table_len, short_table, deferred,
+    positions, axes = _check_positions(positions, x, offset, cos, short_table, deferred,
                                        axes, rd)
     dims = 1 + (axes is not None)
     lead = (1,) * (x.ndim - 2) if positions.ndim == dims else (
@@ -447,11 +447,11 @@ def _given(offset: int | torch.Tensor) -> bool:
 
 
 def _check_positions(positions: torch.Tensor | None, x: torch.Tensor, offset: object,
-                     table_len: int, short_table: str, deferred: bool,
+                     cos: torch.Tensor, short_table: str, deferred: bool,
                      axes: object, rd: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(positions, axes) as int64, checked on the host, asserted on a device, or (``deferred``)
     only their shapes; clamped to the table for ``repeat_last``."""
-    seq, batch = x.shape[-2], x.shape[0] if x.ndim >= 3 else "batch"
+    seq, batch, table_len = x.shape[-2], x.shape[0] if x.ndim >= 3 else "batch", cos.shape[0]
     multi = axes is not None
     if multi:
         axes = check_int_tensor("axes", axes)
@@ -475,38 +475,30 @@ def _check_positions(positions: torch.Tensor | None, x: torch.Tensor, offset: ob
                          "add the offset to positions instead")
     if deferred:
         return positions, axes
-    k = positions.shape[-1]
-    if tracing() or _on_device(positions):  # no data-dependent branch, no wait
-        if multi:
-            torch._assert_async(((axes >= 0) & (axes < k)).all(), "axes must be in [0, k)")
+    k, clamp = positions.shape[-1], short_table == "repeat_last" and table_len > 0
+    if tracing() or _on_device(positions):  # no data-dependent branch, no wait: asserted
         if torch.jit.is_tracing():  # its graph drops _assert_async: an operator checks
             positions = traced_nonnegative(positions)
-        within = positions >= 0
-        if short_table == "raise":
-            within &= positions < table_len
-        torch._assert_async(within.all(), "positions must be >= 0 and < the cos/sin table "
-                            "length (rows 0 .. table_len - 1)")
-    else:
-        bounds = [*torch.aminmax(axes)] if multi else []
-        if positions.numel():
-            bounds += [t.to(bounds[0].device) if multi else t for t in torch.aminmax(positions)]
-        bounds = torch.stack(bounds).tolist() if bounds else []  # one read of the device
-        if multi and (bounds[0] < 0 or bounds[1] >= k):
-            raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
-                             f"got values in [{bounds[0]}, {bounds[1]}]")
-        if positions.numel():
-            low, high = bounds[-2:]
-            if low < 0:
-                raise ValueError(f"positions must be >= 0, got min {low}")
-            if high >= table_len and (short_table == "raise" or not table_len):
-                longer = (f"RotaryEmbedding.tables({high + 1})" if multi
-                          else f"generate_rope_embeddings({high + 1}, head_dim)")
-                raise ValueError(f"positions go up to {high} but the cos/sin table has only "
-                                 f"{table_len} rows (positions 0..{table_len - 1}); generate "
-                                 f"a longer table, e.g. {longer}")
-    if short_table == "repeat_last" and table_len:
-        positions = positions.clamp_max(table_len - 1)
-    return positions, axes
+        return kernels.resolve_pending(x, cos, positions, axes,
+                                       kernels.UNCHECKED_RANGES[clamp, False]), axes
+    bounds = [*torch.aminmax(axes)] if multi else []
+    if positions.numel():
+        bounds += [t.to(bounds[0].device) if multi else t for t in torch.aminmax(positions)]
+    bounds = torch.stack(bounds).tolist() if bounds else []  # one read of the device
+    if multi and (bounds[0] < 0 or bounds[1] >= k):
+        raise ValueError(f"axes must be in [0, {k}) (k = positions.shape[-1] coordinates), "
+                         f"got values in [{bounds[0]}, {bounds[1]}]")
+    if positions.numel():
+        low, high = bounds[-2:]
+        if low < 0:
+            raise ValueError(f"positions must be >= 0, got min {low}")
+        if high >= table_len and (short_table == "raise" or not table_len):
+            longer = (f"RotaryEmbedding.tables({high + 1})" if multi
+                      else f"generate_rope_embeddings({high + 1}, head_dim)")
+            raise ValueError(f"positions go up to {high} but the cos/sin table has only "
+                             f"{table_len} rows (positions 0..{table_len - 1}); generate "
+                             f"a longer table, e.g. {longer}")
+    return positions.clamp_max(table_len - 1) if clamp else positions, axes
 
 
 def _check_arguments(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
