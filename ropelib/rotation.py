@@ -77,8 +77,7 @@ def apply_rope(
         axes: multi-axis RoPE (M-RoPE, Qwen2-VL; Wang et al. 2024): integer ``(rotary_dim //
             2,)``, the coordinate each pair turns with (``RotaryEmbedding.pair_axes``,
             ``ropelib.multiaxis.axis_of_pairs``): pair i of a token at coordinates p reads
-            row ``p[axes[i]]`` of the 2-D tables. On the CPU the compiled loop reads those
-            rows itself, a tile of tokens at a time, without gathering them first.
+            row ``p[axes[i]]`` of the 2-D tables.
 
     Returns:
         A new tensor with x's shape and dtype, or ``out``: on a GPU in x's memory layout
