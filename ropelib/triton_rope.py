@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import NamedTuple
 
 import torch
@@ -38,24 +39,22 @@ MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dim (the batch)
 
 def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
           H1, x1_b, x1_h, x1_s, o1_b, o1_h, o1_s, H2, x2_b, x2_h, x2_s, o2_b, o2_h, o2_s,
-          H3, x3_b, x3_h, x3_s, o3_b, o3_h, o3_s, c_b, c_h, c_s, c_i, s_b, s_h, s_s, s_i,
+          H3, x3_b, x3_h, x3_s, o3_b, o3_h, o3_s, c_b, c_s, c_i, s_b, s_s, s_i,
           p_b, p_s, p_k, a_i, AXIS_COUNT, TABLE_LEN, SEQ, CAPACITY,
           HEADS_PER_PROGRAM: tl.constexpr, ROTARY: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
           BLOCK_D: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
           MODE: tl.constexpr, STEP: tl.constexpr, CLAMP: tl.constexpr, CHECK: tl.constexpr):
     """Program (t, b, g): tokens [t * BLOCK_S, ...) of batch entry b, heads [g *
-    HEADS_PER_PROGRAM, ...) of x1's H1 heads, then x2's H2, then (BLOCK_D > 0: a cache step)
-    x3's H3, copied whole. x_i, o_i: (batch, heads, seq) strides; channel stride 1.
+    HEADS_PER_PROGRAM, ...) of x1's H1 heads, then x2's H2, then (BLOCK_D > 0) x3's H3, copied.
+    x_i, o_i: (batch, heads, seq) strides; channel stride 1.
 
-    MODE 0: rows given, cos[b, s, i] (strides c_b, c_s, c_i, sin's s_*); -1: and per head
-    (c_h, s_h); 1: table row POS[b, s] (+ s with STEP: a 0-d offset); 2: M-RoPE, pair i
-    reads row POS[b, s, AXES[i]]. A coordinate outside the table reads no memory and turns
-    its rows to NaN; CLAMP: past the table reads its last row; CHECK: outside the table (and
-    axes outside [0, AXIS_COUNT)) fails a device-side assertion (the interpreter runs
-    assertions only if its options ask). BLOCK_D > 0: x2 and x3 go to rows
-    SLOT[0] + s of a KV cache of CAPACITY rows, asserted inside it. BLOCK_R > 0: channels
-    ROTARY.. of the rotated heads are copied (a partial rotation, not in place).
+    MODE 0: rows given, cos[b, s, i] (strides c_*, sin's s_*); 1: table row POS[b, s] (+ s
+    with STEP: a 0-d offset); 2: M-RoPE, pair i reads row POS[b, s, AXES[i]]. A coordinate
+    outside the table reads no memory and turns its rows to NaN; CLAMP: past the table reads
+    its last row; CHECK: outside the table (or axes outside [0, AXIS_COUNT)) fails a
+    device-side assertion. BLOCK_D > 0: x2 and x3 go to rows SLOT[0] + s of a KV cache of
+    CAPACITY rows, asserted inside it. BLOCK_R > 0: channels ROTARY.. are copied.
     """
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -66,7 +65,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
     pairs = i < ROTARY // 2
     mask = rows[:, None] & pairs[None, :]
     s64 = s.to(tl.int64)
-    if MODE <= 0:
+    if MODE == 0:
         cos_at = COS + b * c_b + s64[:, None] * c_s + i[None, :] * c_i
         sin_at = SIN + b * s_b + s64[:, None] * s_s + i[None, :] * s_i
         row_mask = mask
@@ -99,13 +98,12 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         row_mask = mask & inside
         cos_at = COS + coord * c_s + i[None, :] * c_i
         sin_at = SIN + coord * s_s + i[None, :] * s_i
-    if MODE != -1:
-        cos = tl.load(cos_at, mask=row_mask, other=0.0).to(tl.float32)
-        if MODE > 0:  # a coordinate outside the table turns its row to NaN, never to memory
-            cos = tl.where(inside, cos, float("nan"))
-        sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
-        if INVERSE:
-            sin = -sin
+    cos = tl.load(cos_at, mask=row_mask, other=0.0).to(tl.float32)
+    if MODE > 0:  # a coordinate outside the table turns its row to NaN, never to memory
+        cos = tl.where(inside, cos, float("nan"))
+    sin = tl.load(sin_at, mask=row_mask, other=0.0).to(tl.float32)
+    if INVERSE:
+        sin = -sin
     if BLOCK_D > 0:
         dest = tl.load(SLOT).to(tl.int64) + s64
         in_cache = (dest >= 0) & (dest < CAPACITY)
@@ -140,13 +138,6 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         else:
             o_at = o_at + s64[:, None] * o_step
         turn = tl.where(third, False, live)  # (a scalar & a vector is refused by the interpreter)
-        if MODE == -1:
-            cos = tl.load(cos_at + h * c_h, mask=row_mask & turn[:, None],
-                          other=0.0).to(tl.float32)
-            sin = tl.load(sin_at + h * s_h, mask=row_mask & turn[:, None],
-                          other=0.0).to(tl.float32)
-            if INVERSE:
-                sin = -sin
         turn_mask = turn[:, None] & pairs[None, :]
         if HALF:
             a = tl.load(x_at + i[None, :], mask=turn_mask, other=0.0).to(tl.float32)
@@ -276,8 +267,12 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
     merged = _batch_heads(xs, [o or x for x, o in zip(xs, outs, strict=True)], cos, sin,
                           positions)
     if merged is None:
+        rows = cos if positions is None else positions
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
-                "(rows vary) and a heads dim (rows shared)")
+                "(rows vary) and a heads dim (rows shared)" + (
+                    "; rows that differ per head (dim -3 of the rows) are taken only where "
+                    "x's leading dims merge into the batch dim" if len(rows[0]) > 2
+                    and rows[0][-3] > 1 and len(xs[0][0]) > 2 else ""))
     if merged[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {merged[0]}"
     return None
@@ -371,8 +366,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
     flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
     rest = head_dim - rotary_dim
-    mode = (-1 if tables[1] or tables[5] else 0) if positions is None else (
-        1 if axes is None else 2)  # the kernel's MODE
+    mode = 0 if positions is None else 1 if axes is None else 2  # the kernel's MODE
     scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
                0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
                cos[0][0], seq, outs[-1][0][-2])
@@ -436,49 +430,44 @@ def _pow2(n: int) -> int:
 
 def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
                  positions: tuple | None) -> tuple | None:
-    """The leading dims of xs (all but seq and channels) viewed as a batch dim (the rows may
-    vary along it) and a heads dim (rows shared, or read per head for one x), cut where
-    every tensor's strides allow it (the first such cut, shared rows first): (batch, per x
-    (heads, x's (b, h, s) strides, out's), cos's then sin's (b, h, s, channel) strides, the
-    positions' (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
+    """x's leading dims (all but seq and channels) as a batch dim (rows vary) and a heads dim
+    (rows shared), cut at the first place every tensor's strides allow: (batch, per x (heads,
+    x's (b, h, s) strides, out's), cos's then sin's (b, s, channel) strides, the positions'
+    (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
     rows = [cos, sin] if positions is None else [positions]
-    for per_head in (False,) if positions is not None or len(xs) > 1 else (False, True):
-        for cut in range(len(xs[0][0]) - 1):
-            views = [[_view(t, x[0], cut) for t in (x, o, *rows)]
-                     for x, o in zip(xs, outs, strict=True)]
-            if any(None in v or (v[2][1] or v[-1][1]) and not per_head for v in views) or len(
-                    {math.prod(x[0][:cut]) for x in xs}) > 1:
-                continue
-            operands = [(math.prod(x[0][cut:-2]), v[0][:3], v[1][:3])
-                        for x, v in zip(xs, views, strict=True)]
-            batch, last = math.prod(xs[0][0][:cut]), views[-1][2:]
-            if positions is None:
-                return batch, operands, (*last[0], *last[1]), (0, 0, 0)
-            return batch, operands, (0, 0, *cos[1], 0, 0, *sin[1]), last[0][:1] + last[0][2:]
+    for cut in range(len(xs[0][0]) - 1):
+        views = [[_view(t, x[0], cut) for t in (x, o, *rows)]
+                 for x, o in zip(xs, outs, strict=True)]
+        if len({math.prod(x[0][:cut]) for x in xs}) > 1 or any(
+                None in v or any(r[1] for r in v[2:]) for v in views):
+            continue
+        batch = math.prod(xs[0][0][:cut])
+        operands = [(math.prod(x[0][cut:-2]), v[0][:3], v[1][:3])
+                    for x, v in zip(xs, views, strict=True)]
+        strides = [(b, s, c) for b, _, s, c in views[-1][2:]]
+        if positions is None:
+            return batch, operands, (*strides[0], *strides[1]), (0, 0, 0)
+        return batch, operands, (0, *cos[1], 0, *sin[1]), strides[0]
     return None
 
 
 def _view(t: tuple, shape: tuple, cut: int) -> tuple[int, ...] | None:
-    """The strides of t = (shape, strides, ...) broadcast to x's leading dims ``shape[:-2]``
-    and merged into ``shape[:cut]`` and ``shape[cut:-2]``, then t's rows and channels (0
-    along a dim of size 1); None where t's strides do not allow it."""
+    """t = (shape, strides, ...) broadcast to x's leading dims ``shape[:-2]``: its (batch,
+    heads, rows, channels) strides, ``shape[:cut]`` and ``shape[cut:-2]`` merged (0 along a
+    dim of size 1); None where t's strides do not allow it."""
     k = len(shape) - len(t[0])  # t's missing leading dims
     dims = [(n, 0 if d < k or t[0][d - k] == 1 else t[1][d - k])
             for d, n in enumerate(shape[:-2])]
-    batch, heads = _merged(dims[:cut]), _merged(dims[cut:])
-    if batch is None or heads is None:
+    merged = _merged(dims[:cut]), _merged(dims[cut:])
+    if None in merged:
         return None
-    rows = zip(t[0][-2:], t[1][-2:], strict=True)  # t's rows and channels
-    return batch, heads, *(0 if n == 1 else stride for n, stride in rows)
+    return *merged, *(0 if n == 1 else stride for n, stride in zip(t[0][-2:], t[1][-2:], strict=True))
 
 
 def _merged(dims: list[tuple[int, int]]) -> int | None:
-    """The stride of dims (size, stride) viewed as one dim (0 for size 1), None if they
-    cannot be: each dim of size > 1 must step over the next one's elements."""
-    stride, inner = 0, None
-    for n, step in reversed(dims):
-        if n != 1:
-            if inner is not None and step != inner[0] * inner[1]:
-                return None
-            stride, inner = stride if inner else step, (n, step)  # the innermost's
-    return stride
+    """The stride of dims (size, stride) as one dim (0 if all have size 1), None if each
+    dim of size > 1 does not step over the next one's elements."""
+    dims = [(n, stride) for n, stride in dims if n != 1]
+    if any(outer != n * inner for (_, outer), (n, inner) in pairwise(dims)):
+        return None
+    return dims[-1][1] if dims else 0
