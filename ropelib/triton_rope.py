@@ -1,17 +1,11 @@
 """The GPU kernel: RoPE as one Triton program per block of tokens, tables read once.
 
-Each program takes ``BLOCK_S`` tokens of one batch entry, reads their cos and sin rows once
-(a float32 row is as many bytes as a bfloat16 row of x) and walks the heads (of q, then of
-k: one launch), rotating one ``(BLOCK_S, head_dim)`` tile per head in float32, rounded once
-on store; ``interleaved`` pairs are split in registers (stride-2 loads would be scalar
-loads). Rows are given (any strides, 0 where broadcast) or read from the 2-D tables through
-positions (per token, a 0-d offset, or M-RoPE's ``axes``). x and out take any strides with
-contiguous channels whose leading dims merge into a batch dim (rows vary) and a heads dim.
-
-The interface of ``ropelib.kernels``' backends (``decline_reason``, ``assess``, ``run``,
-``run_cache``), and ``prepare`` and ``launch``, the halves of a launch that the plans of
-``ropelib.rotation`` call apart. CUDA tensors run the compiled kernel, CPU tensors Triton's interpreter
-(``ROPELIB_BACKEND=triton``: how the tests check every variant without a GPU).
+Each program reads the cos and sin rows of ``BLOCK_S`` tokens once (given, or read from the
+tables through positions, a 0-d offset or M-RoPE's ``axes``) and walks the heads of q, then
+of k (one launch), rotating each ``(BLOCK_S, head_dim)`` tile in float32. x and out: any
+strides with contiguous channels whose leading dims merge into a batch dim (rows vary) and
+a heads dim (rows shared). ``ropelib.kernels``' backend interface, and ``prepare`` and
+``launch``, the halves of a launch; CPU tensors run in Triton's interpreter (for the tests).
 """
 
 from __future__ import annotations
@@ -46,16 +40,14 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
           BLOCK_D: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
           MODE: tl.constexpr, STEP: tl.constexpr, CLAMP: tl.constexpr, CHECK: tl.constexpr):
     """Program (t, b, g): tokens [t * BLOCK_S, ...) of batch entry b, heads [g *
-    HEADS_PER_PROGRAM, ...) of x1's H1 heads, then x2's H2, then (BLOCK_D > 0) x3's H3, copied.
-    x_i, o_i: (batch, heads, seq) strides; channel stride 1.
-
-    MODE 0: rows given, cos[b, s, i] (strides c_*, sin's s_*); 1: table row POS[b, s] (+ s
-    with STEP: a 0-d offset); 2: M-RoPE, pair i reads row POS[b, s, AXES[i]]. A coordinate
-    outside the table reads no memory and turns its rows to NaN; CLAMP: past the table reads
-    its last row; CHECK: outside the table (or axes outside [0, AXIS_COUNT)) fails a
-    device-side assertion. BLOCK_D > 0: x2 and x3 go to rows SLOT[0] + s of a KV cache of
-    CAPACITY rows, asserted inside it. BLOCK_R > 0: channels ROTARY.. are copied.
-    """
+    HEADS_PER_PROGRAM, ...) of x1's H1 heads, then x2's H2, then (BLOCK_D > 0) x3's H3, copied
+    (x_i, o_i: (batch, heads, seq) strides). MODE 0: rows given, cos[b, s, i] (strides c_*,
+    sin's s_*); 1: table row POS[b, s] (+ s with STEP: a 0-d offset); 2: M-RoPE, pair i reads
+    row POS[b, s, AXES[i]]. A coordinate outside the table reads no memory and turns its rows
+    to NaN; CLAMP: past the table reads its last row; CHECK: outside the table (or axes outside
+    [0, AXIS_COUNT)) fails a device-side assertion. BLOCK_D > 0: x2 and x3 go to rows SLOT[0]
+    + s of a KV cache of CAPACITY rows, asserted inside it. BLOCK_R > 0: channels ROTARY.. are
+    copied."""
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     g = tl.program_id(2)
@@ -87,14 +79,10 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
             coord = tl.minimum(coord, TABLE_LEN - 1)
         inside = (coord >= 0) & (coord < TABLE_LEN)
         if CHECK:
-            if CLAMP:
-                tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0")
-            elif STEP:
-                tl.device_assert(inside | (mask == 0), "ropelib: offset + row must be >= 0 "
-                                 "and < the cos/sin table length")
-            else:
-                tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0 "
-                                 "and < the cos/sin table length")
+            tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0" if CLAMP
+                             else "ropelib: offset + row must be >= 0 and < the cos/sin table "
+                             "length" if STEP else "ropelib: positions must be >= 0 and < the "
+                             "cos/sin table length")
         row_mask = mask & inside
         cos_at = COS + coord * c_s + i[None, :] * c_i
         sin_at = SIN + coord * s_s + i[None, :] * s_i
@@ -176,17 +164,14 @@ except ImportError:
     _CUDA_OPTIONS = {}
 # Triton 3.4 and later launch a compiled kernel with every argument, constexprs included
 _RAW_LAUNCH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 4)
-# The one cache (emptied when full): a Verdict by its tensors' _metas, a Launch by (verdict,
-# options), on a GPU the compiled kernel's launcher by (launch, device, dtypes, alignment).
-# Without it a training step's two calls cost twice the host time (_prepare: 45 us each),
-# and a GPU call through Triton's JIT 26 us more (2026-11-27-h200-run6.txt: 115.8 vs 89.3).
+# The one cache (emptied when full) of Verdicts, Launches and compiled kernels' launchers: a
+# GPU call through Triton's JIT costs 26 us more (2026-11-27-h200-run6.txt: 115.8 vs 89.3).
 _launchers: dict[tuple, object] = {}
 MAX_LAUNCHERS = 1024
 
 
 class Config(NamedTuple):
     """A launch's shape: tokens per program, heads per program, warps."""
-
     block_s: int
     heads_per_program: int
     num_warps: int
@@ -194,7 +179,6 @@ class Config(NamedTuple):
 
 class Launch(NamedTuple):
     """A launch but its pointers: grid, integer arguments, constexprs (name, value), warps."""
-
     grid: tuple[int, int, int]
     scalars: tuple[int, ...]
     constexprs: tuple[tuple[str, object], ...]
@@ -202,9 +186,7 @@ class Launch(NamedTuple):
 
 
 class Verdict:
-    """The kernel's verdict on tensors of these ``_meta``s ((xs, outs (None: new), cos, sin,
-    positions)): the ``reason`` it declines them, None if it takes them."""
-
+    """``_reason`` of tensors of these ``_meta``s ((xs, outs, cos, sin, positions))."""
     __slots__ = ("metas", "reason")
 
     def __init__(self, metas: tuple) -> None:
@@ -216,11 +198,10 @@ def _kept(key: tuple, make: Callable, *args: object) -> object:
     try:
         return _launchers[key]
     except KeyError:
-        pass
-    if len(_launchers) >= MAX_LAUNCHERS:
-        _launchers.clear()
-    value = _launchers[key] = make(*args)
-    return value
+        if len(_launchers) >= MAX_LAUNCHERS:
+            _launchers.clear()
+        value = _launchers[key] = make(*args)
+        return value
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -283,19 +264,12 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         positions: torch.Tensor | None, axes: torch.Tensor | None,
         config: Config | None = None, *, pending=None, plan: Verdict | None = None
         ) -> list[torch.Tensor]:
-    """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` in one launch, into ``outs``
-    (None: a new tensor, ``new_output``: x's layout on a GPU; x itself: in place); returns
-    the destinations.
-
-    xs: one or two ``(..., heads, seq, head_dim)``, one shape but for the heads. cos, sin:
-    rows broadcastable to ``(..., seq, rotary_dim // 2)`` or, with ``positions``, tables
-    ``(table_len, rotary_dim // 2)``. layout: ``"interleaved"`` or ``"half"``. positions:
-    ``(..., seq, k)`` with x's number of dims, broadcastable to its rows; pair i reads
-    coordinate ``axes[i]`` (``axes``: ``(rotary_dim // 2,)``; None: k is 1). config: the
-    tiles (default ``choose_config``). pending: a ``kernels.UncheckedRange`` of the
-    coordinates (checked, clamped for ``clamp``; ``step``: a 0-d offset, row s at offset +
-    s). plan: ``assess``'s verdict, which took the call.
-    """
+    """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` (one or two ``(..., heads, seq,
+    head_dim)``) in one launch into ``outs`` (None: ``new_output``; x: in place); returns them.
+    cos, sin: rows broadcastable to ``(..., seq, rotary_dim // 2)``, or with ``positions``
+    (``(..., seq, k)``, x's dims) tables ``(table_len, rotary_dim // 2)``; pair i reads
+    coordinate ``axes[i]`` (None: k is 1). pending: ``kernels.UncheckedRange`` of the
+    coordinates. plan: ``assess``'s verdict."""
     plan = plan or assess(xs, outs, cos, sin, rotary_dim, positions)[1]
     new = [new_output(x) if o is None else o for x, o in zip(xs, outs, strict=True)]
     in_place = all(o.data_ptr() == x.data_ptr() for x, o in zip(xs, new, strict=True))
@@ -310,10 +284,8 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
               positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None,
               plan: Verdict | None = None) -> torch.Tensor:
     """A decode step in one launch: q rotated into a new tensor (returned), k rotated into
-    ``key_cache[..., slot + 0 .. n - 1, :]``, v copied into ``value_cache`` there. q, k, v:
-    ``(..., heads, n, head_dim)``; caches ``(..., kv_heads, capacity, head_dim)``; ``slot``: a
-    0-d integer tensor, read by the kernel. The rest as for ``run`` (``plan``: ``assess`` of
-    ``[q, k, v]`` into ``[None, key_cache, value_cache]``)."""
+    ``key_cache[..., slot + 0 .. n - 1, :]``, v copied into ``value_cache`` there (``slot``:
+    0-d, read by the kernel). The rest as for ``run`` (``plan``: ``assess`` of [q, k, v])."""
     xs, outs = [q, k, v], [None, key_cache, value_cache]
     plan = plan or assess(xs, outs, cos, sin, rotary_dim, positions)[1]
     q_out = new_output(q)
@@ -326,9 +298,8 @@ def prepare(verdict: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.T
             layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
             pending, cache_step: bool, in_place: bool, config: Config | None = None
             ) -> Launch | None:
-    """The ``Launch`` of a call ``verdict`` took (arguments as for ``run``; ``cache_step``:
-    ``run_cache``'s; ``in_place``: each destination is its x, its pass-through channels are
-    left as they are); None for empty tensors."""
+    """The ``Launch`` of a call ``verdict`` took (arguments as for ``run``, ``cache_step``:
+    ``run_cache``'s; ``in_place``: pass-through channels left alone); None if empty."""
     key = (verdict, layout, rotary_dim, inverse,
            None if axes is None else (*axes.shape, *axes.stride()),
            None if pending is None else (pending.step, pending.clamp), cache_step,
@@ -339,8 +310,7 @@ def prepare(verdict: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.T
 def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
            cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
            axes: torch.Tensor | None, slot: torch.Tensor | None = None) -> None:
-    """Launches ``prepared`` on these tensors (as ``run`` and ``run_cache`` take them, or
-    others of the same ``_meta``s): only their addresses are read."""
+    """Launches ``prepared`` on these tensors (as ``run`` takes them): reads their addresses."""
     if prepared is None:
         return
     x, two = xs[0], 1 if len(xs) > 1 else 0
@@ -354,8 +324,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
              layout: str, rotary_dim: int, inverse: bool, axes: tuple[int, int] | None,
              pending: tuple[bool, bool] | None, slotted: bool, cuda: bool,
              config: Config | None, in_place: bool) -> Launch | None:
-    """``prepare`` of tensors of these ``_meta``s (an out of None: ``new_output``'s
-    strides); ``axes``: its (pairs, stride); ``pending``: (step, clamp)."""
+    """``prepare`` of these ``_meta``s; ``axes``: (pairs, stride); ``pending``: (step, clamp)."""
     outs = [o or (x[0], new_output(torch.empty_strided(x[0], x[1], dtype=x[2], device="meta"),
                                    cuda).stride()) for x, o in zip(xs, outs, strict=True)]
     batch, operands, tables, coordinates = _batch_heads(xs, outs, cos, sin, positions)
@@ -365,27 +334,24 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
         return None
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
     flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
-    rest = head_dim - rotary_dim
-    mode = 0 if positions is None else 1 if axes is None else 2  # the kernel's MODE
     scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
                0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
                cos[0][0], seq, outs[-1][0][-2])
     constexprs = (
         ("HEADS_PER_PROGRAM", config.heads_per_program), ("ROTARY", rotary_dim),
         ("HEAD_DIM", head_dim), ("BLOCK_S", config.block_s), ("BLOCK_P", _pow2(rotary_dim // 2)),
-        ("BLOCK_R", 0 if (in_place or not rest) else _pow2(rest)),
+        ("BLOCK_R", 0 if in_place or head_dim == rotary_dim else _pow2(head_dim - rotary_dim)),
         ("BLOCK_D", _pow2(head_dim) if slotted else 0), ("HALF", layout == "half"),
-        ("INVERSE", inverse), ("MODE", mode), ("STEP", pending is not None and pending[0]),
+        ("INVERSE", inverse), ("MODE", 0 if positions is None else 1 if axes is None else 2),
+        ("STEP", pending is not None and pending[0]),
         ("CLAMP", pending is not None and pending[1]), ("CHECK", pending is not None))
     grid = (-(-seq // config.block_s), batch, -(-heads // config.heads_per_program))
     return Launch(grid, scalars, constexprs, config.num_warps)
 
 
 def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
-    """Launches the kernel: in Triton's interpreter for CPU tensors; on a GPU with x's
-    device current (a model split over GPUs calls with tensors on another), then restored;
-    through Triton's JIT the first time (it specializes on the integers, the dtypes and each
-    pointer's 16-byte alignment), then through the compiled kernel's launcher."""
+    """Launches the kernel: interpreted for CPU tensors; on a GPU with x's device current,
+    through Triton's JIT the first time, then through the compiled kernel's launcher."""
     grid, scalars, constexprs, num_warps = launch
     if not x.is_cuda:
         _interpreted[grid](*tensors, *scalars, **dict(constexprs))
@@ -403,8 +369,8 @@ def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
         return
     kernel = _compiled[grid](*tensors, *scalars, **dict(constexprs), num_warps=num_warps,
                              **_CUDA_OPTIONS)
-    arguments = len(tensors) + len(scalars) + len(constexprs)
-    if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == arguments:
+    if _RAW_LAUNCH and len(getattr(getattr(kernel, "src", None), "signature", ())) == len(
+            tensors) + len(scalars) + len(constexprs):
         _kept(key, lambda: (kernel[grid], (*scalars, *(value for _, value in constexprs)),
                             triton.runtime.driver.active.get_current_stream))
 
@@ -412,10 +378,8 @@ def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
 def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
                   mrope: bool = False) -> Config:
     """Tiles of ``TILE_ELEMENTS`` elements, ``HEADS_PER_PROGRAM`` heads, 8 warps: the best of
-    48 tile shapes on an H200 at (4, 32, 4096, 128) (benchmarks/results/2026-11-26-h200.txt).
-    M-RoPE (``mrope``) over a tile of tokens or more: half the tokens, a quarter of the heads,
-    4 warps, the best of 16 at three shapes (2026-11-27-h200-run5.txt). The interpreter: one
-    program per token block and batch entry."""
+    48 on an H200 (benchmarks/results/2026-11-26-h200.txt). M-RoPE over a tile of tokens or
+    more: half the tokens, a quarter of the heads, 4 warps (2026-11-27-h200-run5.txt)."""
     block_s = max(1, min(_pow2(seq), TILE_ELEMENTS // _pow2(head_dim)))
     if not cuda:
         return Config(block_s, max(heads, 1), 8)
@@ -425,7 +389,7 @@ def choose_config(batch: int, heads: int, seq: int, head_dim: int, cuda: bool,
 
 
 def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+    return 1 << (max(n, 1) - 1).bit_length()
 
 
 def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
