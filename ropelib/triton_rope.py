@@ -1,11 +1,10 @@
 """The GPU kernel: RoPE as one Triton program per block of tokens, tables read once.
 
-Each program reads the cos and sin rows of ``BLOCK_S`` tokens once (given, or read from the
-tables through positions, a 0-d offset or M-RoPE's ``axes``) and walks the heads of q, then
-of k (one launch), rotating each ``(BLOCK_S, head_dim)`` tile in float32. x and out: any
-strides with contiguous channels whose leading dims merge into a batch dim (rows vary) and
-a heads dim (rows shared). ``ropelib.kernels``' backend interface, and ``prepare`` and
-``launch``, the halves of a launch; CPU tensors run in Triton's interpreter (for the tests).
+A program reads ``BLOCK_S`` tokens' cos and sin rows once (given, or through positions) and
+rotates them in float32 in each head of q, then of k (one launch). x and out: any strides,
+contiguous channels, leading dims that merge into a batch and a heads dim. ``ropelib.kernels``'
+backend interface, and ``prepare`` and ``launch``, the halves of a launch; CPU tensors run
+in Triton's interpreter (how the tests check every variant without a GPU).
 """
 
 from __future__ import annotations
@@ -48,10 +47,8 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
     [0, AXIS_COUNT)) fails a device-side assertion. BLOCK_D > 0: x2 and x3 go to rows SLOT[0]
     + s of a KV cache of CAPACITY rows, asserted inside it. BLOCK_R > 0: channels ROTARY.. are
     copied."""
-    t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    g = tl.program_id(2)
-    s = t * BLOCK_S + tl.arange(0, BLOCK_S)
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     i = tl.arange(0, BLOCK_P)
     rows = s < SEQ
     pairs = i < ROTARY // 2
@@ -72,9 +69,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
                             mask=mask & axis_ok[None, :], other=-1).to(tl.int64)
         else:
             coord = tl.load(POS + b * p_b + s64 * p_s, mask=rows, other=0).to(tl.int64)
-            if STEP:
-                coord = coord + s64
-            coord = coord[:, None]
+            coord = (coord + s64 if STEP else coord)[:, None]
         if CLAMP:
             coord = tl.minimum(coord, TABLE_LEN - 1)
         inside = (coord >= 0) & (coord < TABLE_LEN)
@@ -97,16 +92,15 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         in_cache = (dest >= 0) & (dest < CAPACITY)
         tl.device_assert(in_cache | (rows == 0), "ropelib: cache_position + row must be in "
                          "[0, capacity) of the KV cache")
+        d = tl.arange(0, BLOCK_D)
+        channels = d < HEAD_DIM
     if BLOCK_R > 0:
         r = ROTARY + tl.arange(0, BLOCK_R)
         rest = r < HEAD_DIM
-    if BLOCK_D > 0:
-        d = tl.arange(0, BLOCK_D)
-        channels = d < HEAD_DIM
     if not HALF:
         c = tl.arange(0, 2 * BLOCK_P)
         pair_channels = c < ROTARY
-    first = g * HEADS_PER_PROGRAM
+    first = tl.program_id(2) * HEADS_PER_PROGRAM
     rotated = H1 + H2
     for j in tl.static_range(HEADS_PER_PROGRAM):  # unrolled: the heads' loads overlap
         head = first + j
@@ -158,8 +152,7 @@ _compiled = triton.jit(_rope, debug=True)  # debug: the device-side assertions r
 _interpreted = InterpretedFunction(_rope)
 try:  # debug turns on Triton's integer overflow checks too (every index): off, where it has them
     from triton.backends.nvidia.compiler import CUDAOptions
-    _CUDA_OPTIONS = {"sanitize_overflow": False} if "sanitize_overflow" in getattr(
-        CUDAOptions, "__dataclass_fields__", {}) else {}
+    _CUDA_OPTIONS = {k: False for k in CUDAOptions.__dataclass_fields__ if k == "sanitize_overflow"}
 except ImportError:
     _CUDA_OPTIONS = {}
 # Triton 3.4 and later launch a compiled kernel with every argument, constexprs included
@@ -232,8 +225,7 @@ def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
     return assess(xs, outs, cos, sin, rotary_dim, positions)[0]
 
 
-def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None
-            ) -> str | None:
+def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None) -> str | None:
     """``decline_reason`` of tensors of these ``_meta``s."""
     shape, dtype = xs[0][0], xs[0][2]
     for t_shape, t_strides, t_dtype in (*xs, *(o for o in outs if o is not None)):
@@ -245,15 +237,13 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
             return "q, k and their destinations must have one dtype"
     if any(t[0][:-3] != shape[:-3] or t[0][-2:] != shape[-2:] for t in xs[1:]):
         return "q and k must have the same shape but for the heads dim (-3)"
-    merged = _batch_heads(xs, [o or x for x, o in zip(xs, outs, strict=True)], cos, sin,
-                          positions)
+    merged = _batch_heads(xs, [o or x for x, o in zip(xs, outs, strict=True)], cos, sin, positions)
     if merged is None:
-        rows = cos if positions is None else positions
+        rows = (cos if positions is None else positions)[0]
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
-                "(rows vary) and a heads dim (rows shared)" + (
-                    "; rows that differ per head (dim -3 of the rows) are taken only where "
-                    "x's leading dims merge into the batch dim" if len(rows[0]) > 2
-                    and rows[0][-3] > 1 and len(xs[0][0]) > 2 else ""))
+                "(rows vary) and a heads dim (rows shared)" + ("; rows that differ per head "
+                "(dim -3) are taken only where x's leading dims merge into the batch dim"
+                if len(rows) > 2 and rows[-3] > 1 else ""))
     if merged[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {merged[0]}"
     return None
@@ -311,13 +301,11 @@ def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[t
            cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
            axes: torch.Tensor | None, slot: torch.Tensor | None = None) -> None:
     """Launches ``prepared`` on these tensors (as ``run`` takes them): reads their addresses."""
-    if prepared is None:
-        return
-    x, two = xs[0], 1 if len(xs) > 1 else 0
-    unused = cos  # a pointer the launch does not read (Triton wants a tensor)
-    _launch(x, prepared, (x, outs[0], xs[two], outs[two], xs[-1] if slot is not None else x,
-                          outs[-1], cos, sin, unused if positions is None else positions,
-                          unused if axes is None else axes, unused if slot is None else slot))
+    if prepared is not None:  # cos: for the pointers the launch does not read
+        x, two = xs[0], 1 if len(xs) > 1 else 0
+        _launch(x, prepared, (x, outs[0], xs[two], outs[two], x if slot is None else xs[-1],
+                              outs[-1], cos, sin, cos if positions is None else positions,
+                              cos if axes is None else axes, cos if slot is None else slot))
 
 
 def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
@@ -333,7 +321,7 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
     if not (heads and batch and seq and head_dim):
         return None
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
-    flat = [(h, *x, *o) for h, x, o in operands] + [(0,) * 7] * 2
+    flat = [*operands, (0,) * 7, (0,) * 7]
     scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
                0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
                cos[0][0], seq, outs[-1][0][-2])
@@ -396,8 +384,8 @@ def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
                  positions: tuple | None) -> tuple | None:
     """x's leading dims (all but seq and channels) as a batch dim (rows vary) and a heads dim
     (rows shared), cut at the first place every tensor's strides allow: (batch, per x (heads,
-    x's (b, h, s) strides, out's), cos's then sin's (b, s, channel) strides, the positions'
-    (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
+    x's then out's (b, h, s) strides), cos's then sin's (b, s, channel) strides, the
+    positions' (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
     rows = [cos, sin] if positions is None else [positions]
     for cut in range(len(xs[0][0]) - 1):
         views = [[_view(t, x[0], cut) for t in (x, o, *rows)]
@@ -406,7 +394,7 @@ def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
                 None in v or any(r[1] for r in v[2:]) for v in views):
             continue
         batch = math.prod(xs[0][0][:cut])
-        operands = [(math.prod(x[0][cut:-2]), v[0][:3], v[1][:3])
+        operands = [(math.prod(x[0][cut:-2]), *v[0][:3], *v[1][:3])
                     for x, v in zip(xs, views, strict=True)]
         strides = [(b, s, c) for b, _, s, c in views[-1][2:]]
         if positions is None:
@@ -423,9 +411,8 @@ def _view(t: tuple, shape: tuple, cut: int) -> tuple[int, ...] | None:
     dims = [(n, 0 if d < k or t[0][d - k] == 1 else t[1][d - k])
             for d, n in enumerate(shape[:-2])]
     merged = _merged(dims[:cut]), _merged(dims[cut:])
-    if None in merged:
-        return None
-    return *merged, *(0 if n == 1 else stride for n, stride in zip(t[0][-2:], t[1][-2:], strict=True))
+    rows = (0 if n == 1 else stride for n, stride in zip(t[0][-2:], t[1][-2:], strict=True))
+    return None if None in merged else (*merged, *rows)
 
 
 def _merged(dims: list[tuple[int, int]]) -> int | None:
