@@ -3,8 +3,7 @@
 A program reads ``BLOCK_S`` tokens' cos and sin rows once (given, or through positions) and
 rotates them in float32 in each head of q, then of k (one launch). x and out: any strides,
 contiguous channels, leading dims that merge into a batch and a heads dim. ``ropelib.kernels``'
-backend interface, and ``prepare`` and ``launch``, the halves of a launch; CPU tensors run
-in Triton's interpreter (how the tests check every variant without a GPU).
+backend interface, ``prepare`` and ``launch``; CPU tensors run in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -123,8 +122,7 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         turn_mask = turn[:, None] & pairs[None, :]
         if HALF:
             a = tl.load(x_at + i[None, :], mask=turn_mask, other=0.0).to(tl.float32)
-            z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=turn_mask,
-                        other=0.0).to(tl.float32)
+            z = tl.load(x_at + ROTARY // 2 + i[None, :], mask=turn_mask, other=0.0).to(tl.float32)
         else:
             both = turn[:, None] & pair_channels[None, :]
             tile = tl.load(x_at + c[None, :], mask=both, other=0.0).to(tl.float32)
@@ -140,12 +138,10 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
             tl.store(o_at + c[None, :], tile.to(O1.dtype.element_ty), mask=both)
         if BLOCK_R > 0:
             rest_mask = turn[:, None] & rest[None, :]
-            tl.store(o_at + r[None, :], tl.load(x_at + r[None, :], mask=rest_mask),
-                     mask=rest_mask)
+            tl.store(o_at + r[None, :], tl.load(x_at + r[None, :], mask=rest_mask), mask=rest_mask)
         if BLOCK_D > 0:  # x3: copied whole (the values of a cache step)
             copy_mask = tl.where(third, live, False)[:, None] & channels[None, :]
-            tl.store(o_at + d[None, :], tl.load(x_at + d[None, :], mask=copy_mask),
-                     mask=copy_mask)
+            tl.store(o_at + d[None, :], tl.load(x_at + d[None, :], mask=copy_mask), mask=copy_mask)
 
 
 _compiled = triton.jit(_rope, debug=True)  # debug: the device-side assertions run
@@ -180,7 +176,6 @@ class Launch(NamedTuple):
 
 class Verdict:
     """``_reason`` of tensors of these ``_meta``s ((xs, outs, cos, sin, positions))."""
-    __slots__ = ("metas", "reason")
 
     def __init__(self, metas: tuple) -> None:
         self.metas, self.reason = metas, _reason(*metas)
@@ -209,8 +204,7 @@ def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos:
     if not (xs[0].is_cuda or xs[0].is_cpu):
         return ("Triton runs on CUDA tensors (and on the CPU in its interpreter), got "
                 f"{xs[0].device}"), None
-    if any(t.is_neg() or t.is_conj() for t in (*xs, *(o for o in outs if o is not None),
-                                                cos, sin)):
+    if any(t is not None and (t.is_neg() or t.is_conj()) for t in (*xs, *outs, cos, sin)):
         return "x, out, cos and sin must not be lazily negated or conjugated views", None
     metas = (tuple(map(_meta, xs)), tuple(None if o is None else _meta(o) for o in outs),
              _meta(cos), _meta(sin), None if positions is None else _meta(positions))
@@ -257,9 +251,8 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     """R_Theta x (``inverse``: R_-Theta x) for each of ``xs`` (one or two ``(..., heads, seq,
     head_dim)``) in one launch into ``outs`` (None: ``new_output``; x: in place); returns them.
     cos, sin: rows broadcastable to ``(..., seq, rotary_dim // 2)``, or with ``positions``
-    (``(..., seq, k)``, x's dims) tables ``(table_len, rotary_dim // 2)``; pair i reads
-    coordinate ``axes[i]`` (None: k is 1). pending: ``kernels.UncheckedRange`` of the
-    coordinates. plan: ``assess``'s verdict."""
+    (``(..., seq, k)``) tables ``(table_len, rotary_dim // 2)``; pair i reads coordinate
+    ``axes[i]``. pending: ``kernels.UncheckedRange`` of the coordinates. plan: ``assess``'s."""
     plan = plan or assess(xs, outs, cos, sin, rotary_dim, positions)[1]
     new = [new_output(x) if o is None else o for x, o in zip(xs, outs, strict=True)]
     in_place = all(o.data_ptr() == x.data_ptr() for x, o in zip(xs, new, strict=True))
@@ -269,10 +262,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
 
 
 def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-              value_cache: torch.Tensor, slot: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor, layout: str, rotary_dim: int,
-              positions: torch.Tensor | None, axes: torch.Tensor | None, pending=None,
-              plan: Verdict | None = None) -> torch.Tensor:
+              value_cache: torch.Tensor, slot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              layout: str, rotary_dim: int, positions: torch.Tensor | None,
+              axes: torch.Tensor | None, pending=None, plan: Verdict | None = None) -> torch.Tensor:
     """A decode step in one launch: q rotated into a new tensor (returned), k rotated into
     ``key_cache[..., slot + 0 .. n - 1, :]``, v copied into ``value_cache`` there (``slot``:
     0-d, read by the kernel). The rest as for ``run`` (``plan``: ``assess`` of [q, k, v])."""
@@ -285,15 +277,13 @@ def run_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torc
 
 
 def prepare(verdict: Verdict, xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-            layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None,
-            pending, cache_step: bool, in_place: bool, config: Config | None = None
-            ) -> Launch | None:
+            layout: str, rotary_dim: int, inverse: bool, axes: torch.Tensor | None, pending,
+            cache_step: bool, in_place: bool, config: Config | None = None) -> Launch | None:
     """The ``Launch`` of a call ``verdict`` took (arguments as for ``run``, ``cache_step``:
     ``run_cache``'s; ``in_place``: pass-through channels left alone); None if empty."""
-    key = (verdict, layout, rotary_dim, inverse,
+    key = (verdict, layout, rotary_dim, inverse, cache_step, xs[0].is_cuda, config, in_place,
            None if axes is None else (*axes.shape, *axes.stride()),
-           None if pending is None else (pending.step, pending.clamp), cache_step,
-           xs[0].is_cuda, config, in_place)
+           None if pending is None else (pending.step, pending.clamp))
     return _kept(key, _prepare, *verdict.metas, *key[1:])
 
 
@@ -309,9 +299,9 @@ def launch(prepared: Launch | None, xs: Sequence[torch.Tensor], outs: Sequence[t
 
 
 def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None,
-             layout: str, rotary_dim: int, inverse: bool, axes: tuple[int, int] | None,
-             pending: tuple[bool, bool] | None, slotted: bool, cuda: bool,
-             config: Config | None, in_place: bool) -> Launch | None:
+             layout: str, rotary_dim: int, inverse: bool, slotted: bool, cuda: bool,
+             config: Config | None, in_place: bool, axes: tuple[int, int] | None,
+             pending: tuple[bool, bool] | None) -> Launch | None:
     """``prepare`` of these ``_meta``s; ``axes``: (pairs, stride); ``pending``: (step, clamp)."""
     outs = [o or (x[0], new_output(torch.empty_strided(x[0], x[1], dtype=x[2], device="meta"),
                                    cuda).stride()) for x, o in zip(xs, outs, strict=True)]
@@ -322,9 +312,8 @@ def _prepare(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | 
         return None
     config = config or choose_config(batch, heads, seq, head_dim, cuda, axes is not None)
     flat = [*operands, (0,) * 7, (0,) * 7]
-    scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates,
-               0 if axes is None else axes[1], 1 if positions is None else positions[0][-1],
-               cos[0][0], seq, outs[-1][0][-2])
+    scalars = (*flat[0], *flat[1], *flat[2], *tables, *coordinates, 0 if axes is None else axes[1],
+               1 if positions is None else positions[0][-1], cos[0][0], seq, outs[-1][0][-2])
     constexprs = (
         ("HEADS_PER_PROGRAM", config.heads_per_program), ("ROTARY", rotary_dim),
         ("HEAD_DIM", head_dim), ("BLOCK_S", config.block_s), ("BLOCK_P", _pow2(rotary_dim // 2)),
@@ -348,8 +337,7 @@ def _launch(x: torch.Tensor, launch: Launch, tensors: tuple) -> None:
     if device != torch.cuda.current_device():
         with torch.cuda.device(device):
             return _launch(x, launch, tensors)
-    key = (launch, device, *(t.dtype for t in tensors),
-           *(t.data_ptr() % 16 == 0 for t in tensors))
+    key = (launch, device, *(t.dtype for t in tensors), *(t.data_ptr() % 16 == 0 for t in tensors))
     found = _launchers.get(key)
     if found is not None:
         runner, tail, current_stream = found
@@ -382,10 +370,9 @@ def _pow2(n: int) -> int:
 
 def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
                  positions: tuple | None) -> tuple | None:
-    """x's leading dims (all but seq and channels) as a batch dim (rows vary) and a heads dim
-    (rows shared), cut at the first place every tensor's strides allow: (batch, per x (heads,
-    x's then out's (b, h, s) strides), cos's then sin's (b, s, channel) strides, the
-    positions' (b, s, k) strides), or None. Each tensor is (shape, strides, ...)."""
+    """x's leading dims as a batch dim (rows vary) and a heads dim (rows shared), cut first where
+    all strides (t: (shape, strides, ...)) allow: (batch, per x (heads, x's and out's (b, h, s)
+    strides), cos's and sin's (b, s, channel) strides, positions' (b, s, k)), or None."""
     rows = [cos, sin] if positions is None else [positions]
     for cut in range(len(xs[0][0]) - 1):
         views = [[_view(t, x[0], cut) for t in (x, o, *rows)]
@@ -404,9 +391,8 @@ def _batch_heads(xs: Sequence, outs: Sequence, cos: tuple, sin: tuple,
 
 
 def _view(t: tuple, shape: tuple, cut: int) -> tuple[int, ...] | None:
-    """t = (shape, strides, ...) broadcast to x's leading dims ``shape[:-2]``: its (batch,
-    heads, rows, channels) strides, ``shape[:cut]`` and ``shape[cut:-2]`` merged (0 along a
-    dim of size 1); None where t's strides do not allow it."""
+    """t = (shape, strides, ...) broadcast to x's ``shape``: its (batch: ``shape[:cut]``, heads:
+    ``shape[cut:-2]``, rows, channels) strides (0 along size 1), None if they do not merge."""
     k = len(shape) - len(t[0])  # t's missing leading dims
     dims = [(n, 0 if d < k or t[0][d - k] == 1 else t[1][d - k])
             for d, n in enumerate(shape[:-2])]
