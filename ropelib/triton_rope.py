@@ -74,9 +74,9 @@ def _rope(X1, O1, X2, O2, X3, O3, COS, SIN, POS, AXES, SLOT,
         inside = (coord >= 0) & (coord < TABLE_LEN)
         if CHECK:
             tl.device_assert(inside | (mask == 0), "ropelib: positions must be >= 0" if CLAMP
-                             else "ropelib: offset + row must be >= 0 and < the cos/sin table "
-                             "length" if STEP else "ropelib: positions must be >= 0 and < the "
-                             "cos/sin table length")
+                             else ("ropelib: offset + row must be >= 0 and < the cos/sin "
+                                   "table length") if STEP else ("ropelib: positions must be >= 0"
+                                                                 " and < the cos/sin table length"))
         row_mask = mask & inside
         cos_at = COS + coord * c_s + i[None, :] * c_i
         sin_at = SIN + coord * s_s + i[None, :] * s_i
