@@ -92,13 +92,25 @@ def test_strided_views_out_and_in_place(device, layout, dtype):
     close(q, expected, dtype)
 
 
-def test_rows_with_a_heads_dim_of_their_own(device):
-    """Gathered rows that differ per head are read per head."""
+def test_rows_with_a_heads_dim_of_their_own(device, monkeypatch):
+    """Gathered rows that differ per head: x's leading dims merged into the kernel's batch
+    dim where its strides allow; a q viewed from a fused (batch, seq, heads, dim) projection
+    does not allow it: the kernel declines it with its reason (a forced kernel raises with
+    it) and the call runs elsewhere, equal to the float64 rotation."""
     x = torch.randn(2, 3, 5, 8, device=device)
     positions = torch.randint(0, 40, (2, 3, 5))
     table = angles(positions, thetas(8))
     cos, sin = table.cos().float().to(device), table.sin().float().to(device)
     close(apply_rope(x, cos, sin, layout="half"), rope_by_pairs(x, table, "half"),
+          torch.float32)
+    q = torch.randn(2, 5, 3, 2, 8, device=device)[:, :, :, 0].transpose(1, 2)  # (2, 3, 5, 8)
+    reason = triton_rope.decline_reason([q], [None], cos, sin, 8, None)
+    assert "rows that differ per head" in reason
+    with pytest.raises(ValueError, match="ROPELIB_BACKEND=triton cannot rotate this call: "
+                                         "the leading dims .* rows that differ per head"):
+        apply_rope(q, cos, sin, layout="half")
+    monkeypatch.delenv("ROPELIB_BACKEND")
+    close(apply_rope(q, cos, sin, layout="half"), rope_by_pairs(q, table, "half"),
           torch.float32)
 
 
@@ -531,7 +543,7 @@ def test_rows_of_given_positions_equal_the_tables(device):
 
 
 @pytest.mark.parametrize("mode, step, clamp, check, cache_step, half, partial", [
-    (0, False, False, False, False, True, True), (-1, False, False, False, False, False, False),
+    (0, False, False, False, False, True, True), (0, False, False, False, False, False, False),
     (1, True, False, True, True, True, False), (1, False, True, True, False, False, True),
     (1, False, False, False, False, True, False), (2, False, False, True, False, False, False)])
 def test_the_kernel_compiles_for_a_gpu_in_each_variant(mode, step, clamp, check, cache_step,
