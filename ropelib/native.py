@@ -1,15 +1,12 @@
-"""The CPU backend: RoPE as one C loop (``native_rope.c``), compiled on first use.
+"""The CPU backend: RoPE as one C loop (``native_rope.c``) that reads each pair once and writes
+it once, as a copy does (eager PyTorch makes two or more passes, and temporaries).
 
-Eager PyTorch needs two or more passes over memory for the half layout and a temporary for
-half precision; a loop that reads each pair once and writes it once costs what a copy costs.
-It is built with ``$CC`` (default ``cc``; a command line, e.g. ``CC="ccache gcc"``) when a
-CPU call first needs it, kept in ``cache_dir()`` and called through ctypes. With OpenMP
-(where the compiler has it) it splits large tensors over ``torch.get_num_threads()`` threads
-of the runtime PyTorch uses, so a forked DataLoader worker runs one thread, as torch does.
-``ropelib.kernels`` asks ``assess`` whether it takes a call, then calls ``run``; rows read
-through positions (M-RoPE's included) are gathered by PyTorch first. Nothing is kept between
-calls. A failed build is warned once; ``native_status()`` says which path CPU calls take and
-why, and ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off, e.g. to compare.
+It is built with ``$CC`` (default ``cc``; a command line, e.g. ``CC="ccache gcc"``) on first
+use, kept in ``cache_dir()`` and called through ctypes; with OpenMP it splits large tensors
+over ``torch.get_num_threads()`` threads of PyTorch's runtime (one in a forked DataLoader
+worker). Rows read through positions (M-RoPE's too) are gathered by PyTorch first. A failed
+build is warned once; ``native_status()`` says which path CPU calls take and why;
+``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off, e.g. to compare.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import shlex
 import struct
 import subprocess
 import tempfile
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,16 +41,15 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 PARALLEL_ELEMENTS = 1 << 16  # elements per thread, at least
 HUGE_PAGE_BYTES = 4 << 20  # new outputs from this size on ask for huge pages (of 2 MiB)
-# Tiles (``tile_rows``): one run's tables up to TABLE_CACHE_BYTES stay in the last-level cache
-# while every head reads them, so x streams in memory order (about 0.8 of the time of 16 KiB
-# tiles in float32, 0.6 in bfloat16: benchmarks/results/2026-11-26-cpu-1thread-tiles.txt).
+# ``tile_rows``: a run's tables up to this stay in the last-level cache while every head reads
+# them; x then streams in memory order (0.8 of the time of 16 KiB tiles in float32, 0.6 in
+# bfloat16: benchmarks/results/2026-11-26-cpu-1thread-tiles.txt)
 TABLE_CACHE_BYTES = 4 << 20
 TABLE_TILE_BYTES = 256 << 10  # larger tables: tiles of this much, in a second-level cache
 UNITS_PER_THREAD = 4  # so that threads' shares differ by a quarter at most
 
 _enabled = os.environ.get("ROPELIB_NATIVE", "1") != "0"
 _DISABLED = "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
-_compile_lock = threading.Lock()
 _PTR = ctypes.c_void_p
 
 
@@ -88,9 +83,8 @@ def set_enabled(enabled: bool) -> bool:
 
 def cache_dir() -> Path:
     """Where the library is kept: ``$ROPELIB_CACHE_DIR``, else ``~/.cache/ropelib``."""
-    if os.environ.get("ROPELIB_CACHE_DIR"):
-        return Path(os.environ["ROPELIB_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ropelib"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ropelib"
+    return Path(os.environ.get("ROPELIB_CACHE_DIR") or cache)
 
 
 def _compile(compiler: str, target: Path) -> None:
@@ -107,8 +101,7 @@ def _compile(compiler: str, target: Path) -> None:
                 return
         raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
 
 
 @functools.cache
@@ -119,18 +112,16 @@ def _load() -> tuple[Loop | None, str | None]:
         SOURCE.read_bytes(), compiler, " ".join(FLAGS), platform.machine(), platform.system())))
     target = cache_dir() / f"native_rope-{key.hexdigest()[:16]}.so"
     try:
-        with _compile_lock:
-            if not target.exists():
-                _compile(compiler, target)
+        if not target.exists():  # racing builders each move a whole library into place
+            _compile(compiler, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
         reason = f"{type(error).__name__}: {error}"
         warnings.warn(f"ropelib could not build its compiled RoPE kernel with CC={compiler!r} "
                       f"({reason}); apply_rope falls back to eager PyTorch on the CPU, several "
-                      "times slower (two or more passes over memory and temporaries instead of "
-                      "one loop). ropelib.native_status() tells which path runs; set CC to a "
-                      "working C compiler, or ROPELIB_NATIVE=0 to choose the eager path "
-                      "silently", RuntimeWarning, stacklevel=2)
+                      "times slower. ropelib.native_status() tells which path runs; set CC to "
+                      "a working C compiler, or ROPELIB_NATIVE=0 to choose eager silently",
+                      RuntimeWarning, stacklevel=2)
         return None, reason
     rope = {dtype: _bind(lib, f"rope_{str(dtype).removeprefix('torch.')}", None, *[_PTR] * 5,
                          *[ctypes.c_int64] * 7) for dtype in DTYPES}
@@ -140,11 +131,6 @@ def _load() -> tuple[Loop | None, str | None]:
 def unavailable_reason() -> str | None:
     """None when the loop is built and loaded, else why not (compiler error, no compiler)."""
     return _load()[1]
-
-
-def threaded() -> bool:
-    """Whether the loaded loop was built with OpenMP (runs on several threads)."""
-    return _load()[0] is not None and _load()[0].threaded
 
 
 class NativeStatus(NamedTuple):
@@ -158,8 +144,8 @@ class NativeStatus(NamedTuple):
 def native_status() -> NativeStatus:
     """Which path CPU calls of float32, float64 and bfloat16 take and why (building the loop):
     ``"native"`` (naming the compiler that built the loaded loop), ``"eager"``, or None where
-    every such call raises (an unknown or declining forced ``ROPELIB_BACKEND``, e.g.
-    ``native`` while the loop does not run). ``ropelib.backend_status`` covers any call."""
+    every such call raises (e.g. ``ROPELIB_BACKEND=native`` while the loop does not run), as
+    ``ropelib.backend_status``, which covers any call, says."""
     from .kernels import backend_status  # the layer above, which asks this module
 
     path, reason = backend_status("cpu", torch.float32)
@@ -170,37 +156,31 @@ def native_status() -> NativeStatus:
     return NativeStatus(path, f"{reason}; compiled {how} by CC={lib.compiler!r}", lib.threaded)
 
 
-def _declines(x: torch.Tensor, out: torch.Tensor | None) -> str | None:
-    """Why the loop cannot rotate x into out (None: it can); builds the loop if needed."""
+def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
+                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
+                   positions: torch.Tensor | None) -> str | None:
+    """None when the loop takes the call (``run``), else why not; builds the loop if needed."""
     if not _enabled:
         return _DISABLED
-    if not x.is_cpu:
-        return f"the compiled loop runs on the CPU, got {x.device}"
-    if x.dtype not in DTYPES:
-        return f"the compiled loop takes {', '.join(map(str, DTYPES))}, got {x.dtype}"
-    if x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
-        return "the channels of x and out must be contiguous (stride 1)"
-    if x.is_neg() or (out is not None and out.is_neg()):
-        return "x and out must not be lazily negated views"
+    for x, out in zip(xs, outs, strict=True):
+        if not x.is_cpu:
+            return f"the compiled loop runs on the CPU, got {x.device}"
+        if x.dtype not in DTYPES:
+            return f"the compiled loop takes {', '.join(map(str, DTYPES))}, got {x.dtype}"
+        if x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
+            return "the channels of x and out must be contiguous (stride 1)"
+        if x.is_neg() or (out is not None and out.is_neg()):
+            return "x and out must not be lazily negated views"
+    if cos.is_neg() or sin.is_neg():
+        return "cos and sin must not be lazily negated views"
     reason = _load()[1]  # not unavailable_reason(): a frame fewer on every call
     return None if reason is None else f"the kernel could not be built: {reason}"
 
 
 def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
     """Whether ``rotate`` takes x into out: enabled and built, CPU, a dtype of ``DTYPES``,
-    channels contiguous, no lazily negated view."""
-    return _declines(x, out) is None
-
-
-def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None) -> str | None:
-    """None when the loop takes the call (``run``), else why not (a sentence)."""
-    for x, out in zip(xs, outs, strict=True):
-        reason = _declines(x, out)
-        if reason is not None:
-            return reason
-    return "cos and sin must not be lazily negated views" if cos.is_neg() or sin.is_neg() else None
+    channels contiguous, no lazily negated view (``decline_reason``; x stands for tables)."""
+    return decline_reason([x], [out], x, x, x.shape[-1], None) is None
 
 
 def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
@@ -214,10 +194,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
         sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
         positions: torch.Tensor | None, axes: torch.Tensor | None, *, pending: None = None,
         plan: None = None) -> list[torch.Tensor]:
-    """``rotate`` of every x of ``xs`` (q and k share a dtype) into its out, the tables made
-    contiguous in the loop's precision (float64 for float64 x, else float32) once for all.
-    With ``positions`` (coordinates in range, 2-D tables) the rows ``(..., seq, rotary_dim //
-    2)`` are gathered first (``eager.gather_rows``). ``pending`` and ``plan`` are None here."""
+    """``rotate`` of each x (q and k share a dtype) into its out, the tables in the loop's
+    precision (float64 for float64 x, else float32), contiguous; with ``positions`` (checked,
+    2-D tables) rows ``(..., seq, rotary_dim // 2)`` gathered first. No pending, no plan."""
     accumulate = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
     if positions is not None:
         cos, sin = (t[:, :rotary_dim // 2].to(accumulate) for t in (cos, sin))
@@ -230,9 +209,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on, its 2 MiB-aligned part asks
-    for transparent huge pages (Linux) before the first touch, most of the cost of a new
-    tensor here, which they make several times cheaper."""
+    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on its 2 MiB-aligned part asks
+    for transparent huge pages (Linux): the first touch, most of a new tensor's cost, is then
+    several times cheaper."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     end = out.data_ptr() + out.numel() * out.element_size()
     if end - out.data_ptr() >= HUGE_PAGE_BYTES and _MADVISE is not None:
@@ -248,8 +227,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     x ``(..., seq, head_dim)``, channels past ``rotary_dim`` copied. cos, sin ``(..., seq,
     rotary_dim // 2)`` broadcastable to x's rows, float64 for float64 x else float32, channels
     contiguous, one stride for both. out: x, a tensor sharing no element with x, or None
-    (new). Nothing is kept: concurrent calls (the loop runs without the GIL) share nothing.
-    """
+    (new). Concurrent calls (the loop runs without the GIL) share nothing."""
     if out is None:
         out = empty_like(x)
     if not x.numel():
@@ -279,11 +257,9 @@ def _layout(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tup
 
 
 def tile_rows(seq: int, runs: int, table_row_bytes: int, threads: int = 1) -> int:
-    """The positions the loop rotates for each of ``runs`` (batch x heads) before the next
-    tile: all ``seq`` where a run's tables fit ``TABLE_CACHE_BYTES`` (x then goes in memory
-    order), else ``TABLE_TILE_BYTES`` of table rows; with ``threads`` > 1 cut until each thread
-    gets ``UNITS_PER_THREAD`` units. ``table_row_bytes``: one position's cos and sin rows
-    (rotary_dim x 4 for float32 tables)."""
+    """Positions the loop rotates in each of ``runs`` (batch x heads) before the next tile: all
+    ``seq`` where a run's tables (``table_row_bytes`` a position: rotary_dim x 4 for float32)
+    fit ``TABLE_CACHE_BYTES``, else ``TABLE_TILE_BYTES`` of them; cut for ``threads``."""
     tile = seq if seq * table_row_bytes <= TABLE_CACHE_BYTES else max(
         TABLE_TILE_BYTES // table_row_bytes, 1)
     if threads > 1 and runs * -(-seq // tile) < UNITS_PER_THREAD * threads:

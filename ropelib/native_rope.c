@@ -1,10 +1,9 @@
-/* RoPE in one pass over memory: each pair (a, b) of a row is read once and written once,
- * a' = a cos(m theta_i) - b sin(m theta_i), b' = a sin(m theta_i) + b cos(m theta_i), in
- * float32 for float32 and bfloat16 (rounded once on the way out), in float64 for float64;
- * `inverse` reads sin as -sin (exact): the gradient. Built and called by ropelib/native.py,
- * which makes every size and tile decision. A row is the last dim (stride 1); every other dim
- * has a size and a stride per tensor (0 in a table along the dims it broadcasts over), so
- * transposed views need no copy. out is x or does not overlap it. */
+/* RoPE in one pass: each pair (a, b) of a row read once and written once, a' = a cos - b sin,
+ * b' = a sin + b cos, in float32 for float32 and bfloat16 (rounded once on the way out), in
+ * float64 for float64; `inverse` reads sin as -sin (exact): the gradient. Built and called by
+ * ropelib/native.py, which makes every size and tile decision. A row is the last dim (stride
+ * 1); every other dim has a size and a stride per tensor (0 in a table along the dims it
+ * broadcasts over), so transposed views need no copy. out is x or does not overlap it. */
 #include <stdint.h>
 #include <string.h>
 
@@ -16,9 +15,8 @@
 #define TARGETS
 #endif
 #define INLINE static inline __attribute__((always_inline))
-/* In place, o == x: iteration i reads and writes only pair i, so no iteration depends on
- * another and one loop vectorizes for both (restrict on x and o would make in place undefined;
- * the tables are restrict: out never overlaps them, ropelib.kernels checks). */
+/* In place (o == x) iteration i reads and writes only pair i: one loop vectorizes for both
+ * (restrict x and o would make in place undefined; out never overlaps the restrict tables). */
 #if defined(__clang__)
 #define IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #else
@@ -49,12 +47,11 @@ INLINE uint16_t bf16_store(float f) {
 #define BF16_PAIR_STORE PAIR_STORE
 #endif
 
-/* The rotation of one dtype: its half (i, i + h) and interleaved (2i, 2i + 1) row loops, the
- * rows of units [begin, end), and the entry point that splits the units over threads. `dims`:
- * the ndim leading dims' sizes, then x's, out's and the tables' strides. Seq
- * is cut into runs of `tile` rows; a unit is a run at one index of the other dims, and units
- * go run-major (all heads of rows [0, tile), then [tile, 2 tile), ...), so a table broadcast
- * over heads is read from a cache after the first head. */
+/* One dtype: its half (i, i + h) and interleaved (2i, 2i + 1) row loops, the rows of units
+ * [begin, end), and the entry point that splits units over threads. `dims`: the ndim leading
+ * sizes, then x's, out's and the tables' strides. A unit is `tile` rows of seq at one index of
+ * the other dims; units go run-major (all heads of rows [0, tile), then [tile, 2 tile), ...),
+ * so a table broadcast over heads is read from a cache after the first head. */
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                     \
 INLINE void NAME##_half(const T *x, T *o, const ACC *restrict c, const ACC *restrict s, ACC sign,  \
                         int64_t h) {                                                               \
@@ -76,22 +73,18 @@ static TARGETS void NAME##_range(const T *x, T *out, const ACC *cos_t, const ACC
         const int64_t *dims, int64_t ndim, int64_t outer, int64_t head_dim, int64_t rotary_dim,    \
         int64_t half, ACC sign, int64_t tile, int64_t begin, int64_t end) {                        \
     const int64_t *sizes = dims, *xst = dims + ndim, *ost = dims + 2 * ndim;                       \
-    const int64_t *tst = dims + 3 * ndim, last = ndim - 1, run_size = sizes[last];                 \
-    const int64_t xs = xst[last], os = ost[last], ts = tst[last], h = rotary_dim / 2;              \
-    int64_t index[ndim], xo = 0, oo = 0, to = 0, run = begin / outer, rest = begin % outer;        \
-    for (int64_t d = last - 1; d >= 0; d--) {                                                      \
-        index[d] = rest % sizes[d];                                                                \
-        rest /= sizes[d];                                                                          \
-        xo += index[d] * xst[d];                                                                   \
-        oo += index[d] * ost[d];                                                                   \
-        to += index[d] * tst[d];                                                                   \
-    }                                                                                              \
+    const int64_t *tst = dims + 3 * ndim, last = ndim - 1, h = rotary_dim / 2;                     \
+    const int64_t xs = xst[last], os = ost[last], ts = tst[last];                                  \
     for (int64_t u = begin; u < end; u++) {                                                        \
-        const int64_t first = run * tile;                                                          \
-        const int64_t n = tile < run_size - first ? tile : run_size - first;                       \
-        const T *xr = x + xo + first * xs;                                                         \
-        T *orow = out + oo + first * os;                                                           \
-        const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                      \
+        const int64_t first = u / outer * tile;                                                    \
+        const int64_t n = tile < sizes[last] - first ? tile : sizes[last] - first;                 \
+        const T *xr = x + first * xs;                                                              \
+        T *orow = out + first * os;                                                                \
+        const ACC *c = cos_t + first * ts, *s = sin_t + first * ts;                                \
+        for (int64_t d = last - 1, rest = u % outer; d >= 0; rest /= sizes[d--]) {                 \
+            const int64_t i = rest % sizes[d];                                                     \
+            xr += i * xst[d], orow += i * ost[d], c += i * tst[d], s += i * tst[d];                \
+        }                                                                                          \
         for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {                  \
             if (half) NAME##_half(xr, orow, c, s, sign, h);                                        \
             else NAME##_pairs(xr, orow, c, s, sign, h);                                            \
@@ -99,37 +92,24 @@ static TARGETS void NAME##_range(const T *x, T *out, const ACC *cos_t, const ACC
                 memcpy(orow + rotary_dim, xr + rotary_dim,                                         \
                        (size_t)(head_dim - rotary_dim) * sizeof(T));                               \
         }                                                                                          \
-        int64_t d = last - 1;                                                                      \
-        for (; d >= 0; d--) {                                                                      \
-            xo += xst[d];                                                                          \
-            oo += ost[d];                                                                          \
-            to += tst[d];                                                                          \
-            if (++index[d] < sizes[d]) break;                                                      \
-            xo -= index[d] * xst[d];                                                               \
-            oo -= index[d] * ost[d];                                                               \
-            to -= index[d] * tst[d];                                                               \
-            index[d] = 0;                                                                          \
-        }                                                                                          \
-        if (d < 0) run++;                                                                          \
     }                                                                                              \
 }                                                                                                  \
 void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, const int64_t *dims,             \
           int64_t ndim, int64_t tile, int64_t threads, int64_t head_dim, int64_t rotary_dim,       \
           int64_t half, int64_t inverse) {                                                         \
-    const ACC sign = inverse ? -1 : 1;                                                             \
     int64_t outer = 1;                                                                             \
     for (int64_t d = 0; d + 1 < ndim; d++) outer *= dims[d];                                       \
     const int64_t units = (dims[ndim - 1] + tile - 1) / tile * outer;                              \
     if (threads > units) threads = units;                                                          \
     if (threads <= 1) { /* no OpenMP region: it would cost as much as a small call */              \
-        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half, sign,    \
-                     tile, 0, units);                                                              \
+        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,          \
+                     inverse ? -1 : 1, tile, 0, units);                                            \
         return;                                                                                    \
     }                                                                                              \
     _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                           \
     for (int64_t t = 0; t < threads; t++)                                                          \
-        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half, sign,    \
-                     tile, units * t / threads, units * (t + 1) / threads);                        \
+        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,          \
+                     inverse ? -1 : 1, tile, units * t / threads, units * (t + 1) / threads);      \
 }
 DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE)
 DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE)

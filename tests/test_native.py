@@ -179,7 +179,7 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     tile = native.tile_rows(seq, batch * heads, rd * acc_bytes, most)
     if rows == "whole runs":
         assert tile == seq
-    elif rows == "runs cut for threads" and native.threaded():
+    elif rows == "runs cut for threads" and native.native_status().threaded:
         assert most == 5 and tile < seq and seq % tile
     elif rows == "tiles":
         assert tile == native.TABLE_TILE_BYTES // (rd * acc_bytes) and seq % tile
@@ -334,7 +334,7 @@ def test_forked_child_on_one_thread():
 
 
 def test_built_with_openmp_here():
-    assert native.threaded()
+    assert native.native_status().threaded
 
 
 def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp_path):
@@ -346,7 +346,7 @@ def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp
     native._load.cache_clear()
     threads = torch.get_num_threads()
     try:
-        assert native.unavailable_reason() is None and not native.threaded()
+        assert native.unavailable_reason() is None and not native.native_status().threaded
         torch.set_num_threads(2)
         x = torch.randn(4, 8, 128, 64)
         cos, sin = generate_rope_embeddings(128, 64)
