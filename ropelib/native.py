@@ -1,13 +1,10 @@
 """The CPU backend: RoPE as one C loop (``native_rope.c``) that reads each pair once and writes
-it once, as a copy does (eager PyTorch makes two or more passes, and temporaries).
-
-It is built with ``$CC`` (default ``cc``; a command line, e.g. ``CC="ccache gcc"``) on first
-use, kept in ``cache_dir()`` and called through ctypes; with OpenMP it splits large tensors
-over ``torch.get_num_threads()`` threads of PyTorch's runtime (one in a forked DataLoader
-worker). Rows read through positions (M-RoPE's too) are gathered by PyTorch first. A failed
-build is warned once; ``native_status()`` says which path CPU calls take and why;
-``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off, e.g. to compare.
-"""
+it once, as a copy does (eager PyTorch makes two or more passes, and temporaries). Built with
+``$CC`` (default ``cc``, or a command line: ``CC="ccache gcc"``) on first use, kept in
+``cache_dir()``, called through ctypes; with OpenMP it splits large tensors over PyTorch's
+threads (one in a forked DataLoader worker). Rows read through positions (M-RoPE's too) are
+gathered by PyTorch first. A failed build is warned once; ``native_status()`` says which path
+CPU calls take; ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off."""
 
 from __future__ import annotations
 
@@ -29,8 +26,6 @@ from typing import NamedTuple
 
 import torch
 
-from .eager import gather_rows
-
 NAME = "native"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
 CHECKS_COORDINATES = False  # their range is checked before ``run`` (``check_coordinates``)
@@ -41,27 +36,15 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 PARALLEL_ELEMENTS = 1 << 16  # elements per thread, at least
 HUGE_PAGE_BYTES = 4 << 20  # new outputs from this size on ask for huge pages (of 2 MiB)
-# ``tile_rows``: a run's tables up to this stay in the last-level cache while every head reads
-# them; x then streams in memory order (0.8 of the time of 16 KiB tiles in float32, 0.6 in
-# bfloat16: benchmarks/results/2026-11-26-cpu-1thread-tiles.txt)
+# ``tile_rows``: a run's tables up to this stay in the last-level cache for every head; x goes in
+# memory order (0.6-0.8 of 16 KiB tiles' time: benchmarks/results/2026-11-26-cpu-1thread-tiles.txt)
 TABLE_CACHE_BYTES = 4 << 20
 TABLE_TILE_BYTES = 256 << 10  # larger tables: tiles of this much, in a second-level cache
 UNITS_PER_THREAD = 4  # so that threads' shares differ by a quarter at most
 
 _enabled = os.environ.get("ROPELIB_NATIVE", "1") != "0"
-_DISABLED = "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
 _PTR = ctypes.c_void_p
-
-
-def _bind(lib: ctypes.CDLL, name: str, restype, *argtypes) -> Callable[..., int]:
-    """The C function ``name`` of ``lib`` with its signature."""
-    function = getattr(lib, name)
-    function.restype, function.argtypes = restype, argtypes
-    return function
-
-
-_MADVISE = (_bind(ctypes.CDLL(None), "madvise", ctypes.c_int, _PTR, ctypes.c_size_t,
-                  ctypes.c_int) if hasattr(mmap, "MADV_HUGEPAGE") else None)
+_MADVISE = ctypes.CDLL(None).madvise if hasattr(mmap, "MADV_HUGEPAGE") else None
 
 
 class Loop(NamedTuple):
@@ -90,18 +73,15 @@ def cache_dir() -> Path:
 def _compile(compiler: str, target: Path) -> None:
     """Build into ``target`` (moved into place: atomic), with OpenMP where the compiler has it."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         for flags in ((*FLAGS, "-fopenmp"), FLAGS):
-            result = subprocess.run([*shlex.split(compiler), *flags, "-o", tmp, str(SOURCE)],
+            built = os.path.join(tmp, target.name)
+            result = subprocess.run([*shlex.split(compiler), *flags, "-o", built, str(SOURCE)],
                                     capture_output=True, text=True, timeout=120)
             if not result.returncode:
-                os.replace(tmp, target)
+                os.replace(built, target)
                 return
         raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 @functools.cache
@@ -123,9 +103,10 @@ def _load() -> tuple[Loop | None, str | None]:
                       "a working C compiler, or ROPELIB_NATIVE=0 to choose eager silently",
                       RuntimeWarning, stacklevel=2)
         return None, reason
-    rope = {dtype: _bind(lib, f"rope_{str(dtype).removeprefix('torch.')}", None, *[_PTR] * 5,
-                         *[ctypes.c_int64] * 7) for dtype in DTYPES}
-    return Loop(rope, compiler, bool(_bind(lib, "rope_threaded", ctypes.c_int)())), None
+    rope = {dtype: getattr(lib, f"rope_{str(dtype).removeprefix('torch.')}") for dtype in DTYPES}
+    for function in rope.values():
+        function.restype, function.argtypes = None, (*[_PTR] * 5, *[ctypes.c_int64] * 7)
+    return Loop(rope, compiler, bool(lib.rope_threaded())), None  # an int, ctypes' default
 
 
 def unavailable_reason() -> str | None:
@@ -136,7 +117,7 @@ def unavailable_reason() -> str | None:
 class NativeStatus(NamedTuple):
     """Which path ``apply_rope`` takes on the CPU (float32, float64, bfloat16) and why."""
 
-    path: str | None  # "native" (the compiled loop), "eager", "triton" (forced); None: raises
+    path: str | None  # "native" (the compiled loop) or "eager"; None: every such call raises
     reason: str  # why that path
     threaded: bool  # whether the compiled loop runs on several threads (OpenMP)
 
@@ -144,8 +125,7 @@ class NativeStatus(NamedTuple):
 def native_status() -> NativeStatus:
     """Which path CPU calls of float32, float64 and bfloat16 take and why (building the loop):
     ``"native"`` (naming the compiler that built the loaded loop), ``"eager"``, or None where
-    every such call raises (e.g. ``ROPELIB_BACKEND=native`` while the loop does not run), as
-    ``ropelib.backend_status``, which covers any call, says."""
+    every such call raises, as ``ropelib.backend_status`` (which covers any call) says."""
     from .kernels import backend_status  # the layer above, which asks this module
 
     path, reason = backend_status("cpu", torch.float32)
@@ -161,7 +141,7 @@ def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
                    positions: torch.Tensor | None) -> str | None:
     """None when the loop takes the call (``run``), else why not; builds the loop if needed."""
     if not _enabled:
-        return _DISABLED
+        return "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
     for x, out in zip(xs, outs, strict=True):
         if not x.is_cpu:
             return f"the compiled loop runs on the CPU, got {x.device}"
@@ -178,8 +158,7 @@ def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
 
 
 def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
-    """Whether ``rotate`` takes x into out: enabled and built, CPU, a dtype of ``DTYPES``,
-    channels contiguous, no lazily negated view (``decline_reason``; x stands for tables)."""
+    """Whether ``rotate`` takes x into out (``decline_reason``, x standing for the tables)."""
     return decline_reason([x], [out], x, x, x.shape[-1], None) is None
 
 
@@ -199,8 +178,8 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     2-D tables) rows ``(..., seq, rotary_dim // 2)`` gathered first. No pending, no plan."""
     accumulate = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
     if positions is not None:
-        cos, sin = (t[:, :rotary_dim // 2].to(accumulate) for t in (cos, sin))
-        cos, sin = gather_rows(cos, sin, positions, axes)
+        cos, sin = (_rows(t[:, :rotary_dim // 2].to(accumulate), positions, axes)
+                    for t in (cos, sin))
     cos, sin = cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
     done = []
     for x, out in zip(xs, outs, strict=True):  # a loop, not a comprehension: no frame of its own
@@ -208,15 +187,23 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     return done
 
 
+def _rows(table: torch.Tensor, positions: torch.Tensor, axes: torch.Tensor | None) -> torch.Tensor:
+    """Rows (..., seq, pairs): pair i from coordinate axes[i] (axis 0's rows, others mixed in)."""
+    flat = positions.reshape(-1, positions.shape[-1])
+    rows = table.index_select(0, flat[:, 0])
+    for axis in range(1, flat.shape[1]):  # M-RoPE: axes given
+        rows = torch.where(axes == axis, table.index_select(0, flat[:, axis]), rows)
+    return rows.view(*positions.shape[:-1], table.shape[1])
+
+
 def empty_like(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on its 2 MiB-aligned part asks
-    for transparent huge pages (Linux): the first touch, most of a new tensor's cost, is then
-    several times cheaper."""
+    """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on its 2 MiB-aligned part asks for
+    transparent huge pages (Linux), which make the first touch several times cheaper."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     end = out.data_ptr() + out.numel() * out.element_size()
     if end - out.data_ptr() >= HUGE_PAGE_BYTES and _MADVISE is not None:
         start = -(-out.data_ptr() >> 21) << 21
-        _MADVISE(start, (end >> 21 << 21) - start, mmap.MADV_HUGEPAGE)
+        _MADVISE(_PTR(start), ctypes.c_size_t((end >> 21 << 21) - start), mmap.MADV_HUGEPAGE)
     return out
 
 
@@ -228,8 +215,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     rotary_dim // 2)`` broadcastable to x's rows, float64 for float64 x else float32, channels
     contiguous, one stride for both. out: x, a tensor sharing no element with x, or None
     (new). Concurrent calls (the loop runs without the GIL) share nothing."""
-    if out is None:
-        out = empty_like(x)
+    out = empty_like(x) if out is None else out
     if not x.numel():
         return out
     lib = _load()[0]
@@ -256,12 +242,11 @@ def _layout(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tup
     return struct.pack(f"{len(values)}q", *values), len(lead), tile, threads
 
 
-def tile_rows(seq: int, runs: int, table_row_bytes: int, threads: int = 1) -> int:
+def tile_rows(seq: int, runs: int, row_bytes: int, threads: int = 1) -> int:
     """Positions the loop rotates in each of ``runs`` (batch x heads) before the next tile: all
-    ``seq`` where a run's tables (``table_row_bytes`` a position: rotary_dim x 4 for float32)
-    fit ``TABLE_CACHE_BYTES``, else ``TABLE_TILE_BYTES`` of them; cut for ``threads``."""
-    tile = seq if seq * table_row_bytes <= TABLE_CACHE_BYTES else max(
-        TABLE_TILE_BYTES // table_row_bytes, 1)
+    ``seq`` where a run's tables (``row_bytes`` a position: rotary_dim x 4 for float32) fit
+    ``TABLE_CACHE_BYTES``, else ``TABLE_TILE_BYTES`` of them; cut for ``threads``."""
+    tile = seq if seq * row_bytes <= TABLE_CACHE_BYTES else max(TABLE_TILE_BYTES // row_bytes, 1)
     if threads > 1 and runs * -(-seq // tile) < UNITS_PER_THREAD * threads:
         tile = -(-seq // -(-UNITS_PER_THREAD * threads // runs))
     return tile

@@ -1,14 +1,13 @@
 /* RoPE in one pass: each pair (a, b) of a row read once and written once, a' = a cos - b sin,
- * b' = a sin + b cos, in float32 for float32 and bfloat16 (rounded once on the way out), in
- * float64 for float64; `inverse` reads sin as -sin (exact): the gradient. Built and called by
- * ropelib/native.py, which makes every size and tile decision. A row is the last dim (stride
- * 1); every other dim has a size and a stride per tensor (0 in a table along the dims it
- * broadcasts over), so transposed views need no copy. out is x or does not overlap it. */
+ * b' = a sin + b cos, in float32 for float32 and bfloat16 (rounded once), float64 for float64;
+ * `inverse` reads sin as -sin (exact): the gradient. ropelib/native.py builds it and makes every
+ * size and tile decision. Rows are the last dim (stride 1); other dims have a size and a stride
+ * per tensor (0 where a table broadcasts): views need no copy. out is x or does not overlap it. */
 #include <stdint.h>
 #include <string.h>
 
-/* x86-64 Linux GCC: one copy of each loop per instruction set, picked at load time. Helpers
- * are forced inline: one left out of line would run its SSE2 build inside every copy. */
+/* x86-64 Linux GCC: a copy per instruction set, picked at load time; helpers forced inline (one
+ * out of line would run its SSE2 build inside every copy). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -33,8 +32,7 @@ INLINE uint16_t bf16_store(float f) {
 }
 #define SAME(v) (v)
 
-/* An interleaved pair (p[0], p[1]) as (a, b) and back; bfloat16 as one 32-bit word (low half
- * first on a little-endian machine), which vectorizes without shuffling 16-bit lanes. */
+/* A pair (p[0], p[1]) as (a, b) and back; bfloat16 as one 32-bit word: vectorizes better. */
 #define PAIR_LOAD(ACC, LOAD, p, a, b) ACC a = LOAD((p)[0]), b = LOAD((p)[1])
 #define PAIR_STORE(STORE, p, a, b) do { (p)[0] = STORE(a); (p)[1] = STORE(b); } while (0)
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -47,11 +45,10 @@ INLINE uint16_t bf16_store(float f) {
 #define BF16_PAIR_STORE PAIR_STORE
 #endif
 
-/* One dtype: its half (i, i + h) and interleaved (2i, 2i + 1) row loops, the rows of units
- * [begin, end), and the entry point that splits units over threads. `dims`: the ndim leading
- * sizes, then x's, out's and the tables' strides. A unit is `tile` rows of seq at one index of
- * the other dims; units go run-major (all heads of rows [0, tile), then [tile, 2 tile), ...),
- * so a table broadcast over heads is read from a cache after the first head. */
+/* One dtype: half (i, i + h) and interleaved (2i, 2i + 1) row loops, the rows of units [begin,
+ * end), the entry point that splits units over threads. `dims`: ndim leading sizes, then x's,
+ * out's and the tables' strides. A unit is `tile` rows of seq at one index of the other dims,
+ * run-major (all heads of one tile, then the next): tables broadcast over heads stay cached. */
 #define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                     \
 INLINE void NAME##_half(const T *x, T *o, const ACC *restrict c, const ACC *restrict s, ACC sign,  \
                         int64_t h) {                                                               \
@@ -101,21 +98,19 @@ void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, const int64_t 
     for (int64_t d = 0; d + 1 < ndim; d++) outer *= dims[d];                                       \
     const int64_t units = (dims[ndim - 1] + tile - 1) / tile * outer;                              \
     if (threads > units) threads = units;                                                          \
-    if (threads <= 1) { /* no OpenMP region: it would cost as much as a small call */              \
+    if (threads <= 1) /* no OpenMP region: it would cost as much as a small call */                \
         NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,          \
                      inverse ? -1 : 1, tile, 0, units);                                            \
-        return;                                                                                    \
-    }                                                                                              \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                           \
-    for (int64_t t = 0; t < threads; t++)                                                          \
-        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,          \
-                     inverse ? -1 : 1, tile, units * t / threads, units * (t + 1) / threads);      \
+    else                                                                                           \
+        _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+        for (int64_t t = 0; t < threads; t++)                                                      \
+            NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,      \
+                         inverse ? -1 : 1, tile, units * t / threads, units * (t + 1) / threads);  \
 }
 DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE)
 DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE)
 DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE)
 
-/* Whether OpenMP built this library: without it the threads' units run one after another. */
 #if defined(_OPENMP)
 int rope_threaded(void) { return 1; }
 #else
