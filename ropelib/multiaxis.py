@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import native
 from ._checks import (
     as_int,
     check_base,
@@ -236,7 +237,8 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     Returns:
         ``(cos, sin)`` rows, each ``(..., seq, pairs)``, gathered by PyTorch operations (which
         compilers and tracers record as they are). A coordinate or axis out of range is a
-        ValueError naming both ranges in an eager CPU call, torch's index error elsewhere.
+        ValueError naming both ranges in an eager CPU call; elsewhere torch's index error (a
+        coordinate) or a failed assertion (an axis).
     """
     check_table_pair(cos, sin)
     if cos.ndim != 2:
@@ -259,9 +261,11 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
             raise ValueError(f"positions must be in [0, {table_len}) (the table's rows) and "
                              f"pair_axes in [0, {k}) (the axes), got positions in [{low}, "
                              f"{high}] and pair_axes in [{axis_low}, {axis_high}]")
-    index = positions.index_select(-1, pair_axes)
-    flat = index.flatten(0, -2)
-    return cos.gather(0, flat).reshape(index.shape), sin.gather(0, flat).reshape(index.shape)
+    else:  # a position out of range: torch's index error in index_select
+        torch._assert_async(((pair_axes >= 0) & (pair_axes < k)).all(),
+                            f"pair_axes must be in [0, {k}) (the axes of positions)")
+    return (native.table_rows(cos, positions, pair_axes),
+            native.table_rows(sin, positions, pair_axes))
 
 
 class RoPEMixed(nn.Module):

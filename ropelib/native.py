@@ -2,9 +2,9 @@
 it once, as a copy does (eager PyTorch makes two or more passes, and temporaries). Built with
 ``$CC`` (default ``cc``, or a command line: ``CC="ccache gcc"``) on first use, kept in
 ``cache_dir()``, called through ctypes; with OpenMP it splits large tensors over PyTorch's
-threads (one in a forked DataLoader worker). Rows read through positions (M-RoPE's too) are
-gathered by PyTorch first. A failed build is warned once; ``native_status()`` says which path
-CPU calls take; ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off."""
+threads (one in a forked DataLoader worker). Positions: ``table_rows``, then the loop. A failed
+build warns once; ``native_status()`` says which path CPU calls take; ``set_enabled(False)``
+(or ``ROPELIB_NATIVE=0``) turns the loop off."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 NAME = "native"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
@@ -136,9 +137,8 @@ def native_status() -> NativeStatus:
     return NativeStatus(path, f"{reason}; compiled {how} by CC={lib.compiler!r}", lib.threaded)
 
 
-def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None) -> str | None:
+def decline_reason(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor,
+                   sin: Tensor, rotary_dim: int, positions: Tensor | None) -> str | None:
     """None when the loop takes the call (``run``), else why not; builds the loop if needed."""
     if not _enabled:
         return "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
@@ -157,28 +157,26 @@ def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | Non
     return None if reason is None else f"the kernel could not be built: {reason}"
 
 
-def supports(x: torch.Tensor, out: torch.Tensor | None) -> bool:
+def supports(x: Tensor, out: Tensor | None) -> bool:
     """Whether ``rotate`` takes x into out (``decline_reason``, x standing for the tables)."""
     return decline_reason([x], [out], x, x, x.shape[-1], None) is None
 
 
-def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-           sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
-           ) -> tuple[str | None, None]:
+def assess(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
+           rotary_dim: int, positions: Tensor | None) -> tuple[str | None, None]:
     """(``decline_reason``, no plan): what ``ropelib.kernels`` asks every backend."""
     return decline_reason(xs, outs, cos, sin, rotary_dim, positions), None
 
 
-def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
-        sin: torch.Tensor, layout: str, rotary_dim: int, inverse: bool,
-        positions: torch.Tensor | None, axes: torch.Tensor | None, *, pending: None = None,
-        plan: None = None) -> list[torch.Tensor]:
+def run(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
+        layout: str, rotary_dim: int, inverse: bool, positions: Tensor | None,
+        axes: Tensor | None, *, pending: None = None, plan: None = None) -> list[Tensor]:
     """``rotate`` of each x (q and k share a dtype) into its out, the tables in the loop's
     precision (float64 for float64 x, else float32), contiguous; with ``positions`` (checked,
     2-D tables) rows ``(..., seq, rotary_dim // 2)`` gathered first. No pending, no plan."""
     accumulate = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
     if positions is not None:
-        cos, sin = (_rows(t[:, :rotary_dim // 2].to(accumulate), positions, axes)
+        cos, sin = (table_rows(t[:, :rotary_dim // 2].to(accumulate), positions, axes)
                     for t in (cos, sin))
     cos, sin = cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
     done = []
@@ -187,8 +185,9 @@ def run(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: to
     return done
 
 
-def _rows(table: torch.Tensor, positions: torch.Tensor, axes: torch.Tensor | None) -> torch.Tensor:
-    """Rows (..., seq, pairs): pair i from coordinate axes[i] (axis 0's rows, others mixed in)."""
+def table_rows(table: Tensor, positions: Tensor, axes: Tensor | None) -> Tensor:
+    """Rows ``(..., seq, pairs)`` of a table ``(table_len, pairs)`` at coordinates ``(..., seq,
+    k)`` in range: pair i from coordinate ``axes[i]`` (None: k is 1). PyTorch operations."""
     flat = positions.reshape(-1, positions.shape[-1])
     rows = table.index_select(0, flat[:, 0])
     for axis in range(1, flat.shape[1]):  # M-RoPE: axes given
@@ -196,7 +195,7 @@ def _rows(table: torch.Tensor, positions: torch.Tensor, axes: torch.Tensor | Non
     return rows.view(*positions.shape[:-1], table.shape[1])
 
 
-def empty_like(x: torch.Tensor) -> torch.Tensor:
+def empty_like(x: Tensor) -> Tensor:
     """A contiguous CPU tensor like x; from ``HUGE_PAGE_BYTES`` on its 2 MiB-aligned part asks for
     transparent huge pages (Linux), which make the first touch several times cheaper."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -207,8 +206,8 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-           out: torch.Tensor | None = None, inverse: bool = False) -> torch.Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int,
+           out: Tensor | None = None, inverse: bool = False) -> Tensor:
     """out = R_Theta x (R_{-Theta} x with ``inverse``) by the loop, for ``supports(x, out)``.
 
     x ``(..., seq, head_dim)``, channels past ``rotary_dim`` copied. cos, sin ``(..., seq,

@@ -380,7 +380,8 @@ def test_axis_rows_read_each_pair_from_its_axis_row():
 def test_module_rows_equal_the_exact_angles_compiled_and_exported(order):
     """The module's rows of multi-axis positions on the CPU (gathered from its tables by
     ``axis_rows``) equal the float64 angles' cos and sin to 1e-12 after double(), and
-    ``axis_rows`` compiled (one graph) and exported gives the eager rows."""
+    ``axis_rows`` compiled (one graph) and exported gives the eager rows and asserts that
+    every pair's axis is one of the positions' axes."""
     W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
     positions = large_positions(90, 3).reshape(3, 30, 3)
     rotary = RotaryEmbedding(64, frequencies=W)
@@ -395,10 +396,13 @@ def test_module_rows_equal_the_exact_angles_compiled_and_exported(order):
         def forward(self, cos, sin, positions, pair_axes):
             return axis_rows(cos, sin, positions, pair_axes)
 
-    compiled = torch.compile(axis_rows, fullgraph=True, backend="aot_eager")(*tables)
-    exported = torch.export.export(Rows(), tables).module()(*tables)
-    for got in (compiled, exported):
+    compiled = torch.compile(axis_rows, fullgraph=True, backend="aot_eager")
+    exported = torch.export.export(Rows(), tables).module()
+    for graph in (compiled, exported):
+        got = graph(*tables)
         assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+        with pytest.raises(RuntimeError, match=r"pair_axes must be in \[0, 3\)"):
+            graph(*tables[:3], tables[3].clone().fill_(3))
 
 
 @pytest.mark.parametrize("order", ["chunked", "interleaved"])

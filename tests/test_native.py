@@ -416,7 +416,7 @@ def test_compiles_into_a_fresh_cache_dir(monkeypatch, tmp_path):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_coordinate_per_token_without_axes(layout):
     """The operators' positions without axes (one coordinate per token, what apply_rope hands
-    a GPU): the compiled loop reads every pair of a token from its one table row, like the
+    a GPU): the CPU backend rotates every pair of a token by its one table row, like the
     eager gather and the float64 rotation."""
     x = torch.randn(3, 2, 5, 16)
     cos, sin = generate_rope_embeddings(40, 16)
