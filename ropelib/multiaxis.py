@@ -48,9 +48,8 @@ from ._checks import (
     check_even_positive,
     check_index_tensor,
     check_table_pair,
+    watcher,
 )
-from .eager import gather_rows
-from .kernels import plain_call
 from .scaling import default_frequencies
 
 SPECTRA = ("shared", "per_axis")
@@ -221,26 +220,26 @@ def axis_tables(positions: torch.Tensor, frequencies: torch.Tensor, *,
         return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
 
-@torch.library.custom_op("ropelib::axis_rows", mutates_args=())
-def _axis_rows_op(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                  pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``axis_rows`` as a PyTorch operator: what compiled and exported graphs record."""
-    return _axis_rows_plain(cos, sin, positions, pair_axes)
+def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+              pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of M-RoPE-like frequencies (every pair follows one axis) read from 1D tables:
+    pair i of a token at coordinates p takes column i of the table row ``p[pair_axes[i]]``,
+    since its angle is that coordinate times theta_i.
 
+    Args:
+        cos, sin: ``(table_len, pairs)`` tables of the diagonal (row m: angles m * theta_i),
+            of one shape, dtype and device (a ValueError otherwise).
+        positions: ``(..., seq, k)`` integer coordinates in ``[0, table_len)``, on the
+            tables' device.
+        pair_axes: ``(pairs,)`` integer, the axis of each pair (``axis_of_pairs``), in
+            ``[0, k)``.
 
-@_axis_rows_op.register_fake
-def _axis_rows_fake(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                    pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_axis_rows(cos, sin, positions, pair_axes)
-    shape = positions.shape[:-1] + cos.shape[1:]
-    return cos.new_empty(shape), sin.new_empty(shape)
-
-
-def _check_axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                     pair_axes: torch.Tensor) -> None:
-    """What ``axis_rows``' loop needs before it runs, so that it reads only inside the tensors
-    it is given: one pair of 2-D tables, integer coordinates ``(..., seq, k)`` and one axis
-    per column, all on the tables' device (the loop checks each index against the table)."""
+    Returns:
+        ``(cos, sin)`` rows, each ``(..., seq, pairs)``, gathered by PyTorch operations (which
+        compilers and tracers record as they are). A coordinate or axis out of range is a
+        ValueError naming both ranges in an eager CPU call; elsewhere torch's index error (a
+        coordinate) or a failed assertion (an axis).
+    """
     check_table_pair(cos, sin)
     if cos.ndim != 2:
         raise ValueError(f"cos/sin must be 2-D tables (table_len, pairs), got "
@@ -253,42 +252,20 @@ def _check_axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tens
     if tuple(pair_axes.shape) != (cos.shape[1],):
         raise ValueError(f"pair_axes must have shape ({cos.shape[1]},) (one axis per column "
                          f"of the tables), got {tuple(pair_axes.shape)}")
-
-
-def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-              pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of M-RoPE-like frequencies (every pair follows one axis) read from 1D tables:
-    pair i of a token at coordinates p takes column i of the table row ``p[pair_axes[i]]``,
-    since its angle is that coordinate times theta_i.
-
-    Args:
-        cos, sin: ``(table_len, pairs)`` tables of the diagonal (row m: angles m * theta_i).
-        positions: ``(..., seq, k)`` integer coordinates in ``[0, table_len)``, on the
-            tables' device (out of range: a ValueError on the CPU, torch's index error
-            elsewhere).
-        pair_axes: ``(pairs,)`` integer, the axis of each pair (``axis_of_pairs``).
-
-    Returns:
-        ``(cos, sin)`` rows, each ``(..., seq, pairs)``. On the CPU one compiled loop
-        (``ropelib.native``); elsewhere a gather. Registered as the operator
-        ``ropelib::axis_rows``, which checks its arguments before the loop runs: cos and sin
-        of one shape, dtype and device (a ValueError otherwise), the shapes and devices above.
-    """
-    if plain_call(cos, sin, positions, pair_axes):
-        return _axis_rows_plain(cos, sin, positions, pair_axes)
-    return torch.ops.ropelib.axis_rows.default(cos, sin, positions, pair_axes)
-
-
-def _axis_rows_plain(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                     pair_axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_axis_rows(cos, sin, positions, pair_axes)
-    positions = positions.long()  # the loop reads int64 (int32 would be read two at a time)
-    if not native.supports_axis_rows(cos, sin):
-        return gather_rows(cos, sin, positions, pair_axes.long())
-    rows = native.axis_rows(cos, sin, positions.reshape(-1, positions.shape[-1]),
-                            pair_axes.to(torch.int32))
-    shape = positions.shape[:-1] + cos.shape[1:]
-    return rows[0].reshape(shape), rows[1].reshape(shape)
+    positions, pair_axes = positions.long(), pair_axes.long()
+    (table_len, pairs), k = cos.shape, positions.shape[-1]
+    if cos.is_cpu and positions.numel() and pairs and watcher(cos, sin, positions) is None:
+        low, high, axis_low, axis_high = (int(v) for v in (*torch.aminmax(positions),
+                                                          *torch.aminmax(pair_axes)))
+        if low < 0 or high >= table_len or axis_low < 0 or axis_high >= k:
+            raise ValueError(f"positions must be in [0, {table_len}) (the table's rows) and "
+                             f"pair_axes in [0, {k}) (the axes), got positions in [{low}, "
+                             f"{high}] and pair_axes in [{axis_low}, {axis_high}]")
+    else:  # a position out of range: torch's index error in index_select
+        torch._assert_async(((pair_axes >= 0) & (pair_axes < k)).all(),
+                            f"pair_axes must be in [0, {k}) (the axes of positions)")
+    return (native.table_rows(cos, positions, pair_axes),
+            native.table_rows(sin, positions, pair_axes))
 
 
 class RoPEMixed(nn.Module):

@@ -1,26 +1,21 @@
-/* RoPE in one pass over memory: each pair (a, b) of a row is read once and written once,
- * a' = a cos(m theta_i) - b sin(m theta_i), b' = a sin(m theta_i) + b cos(m theta_i), in
- * float32 for float32 and bfloat16 (rounded once on the way out), in float64 for float64;
- * `inverse` reads sin as -sin (exact): the gradient. Built and called by ropelib/native.py,
- * which makes every size and tile decision. A row is the last dim (stride 1); every other dim
- * has a size and a stride per tensor (0 in a table along the dims it broadcasts over), so
- * transposed views need no copy. out is x or does not overlap it. With `positions` (M-RoPE:
- * each pair follows one axis) the tables are 1-D, (table_len, rotary_dim / 2) contiguous, and
- * pair i of a token at coordinates p is read from table row p[axes[i]] inside the loop. */
+/* RoPE in one pass: each pair (a, b) of a row read once and written once, a' = a cos - b sin,
+ * b' = a sin + b cos, in float32 for float32 and bfloat16 (rounded once), float64 for float64;
+ * `inverse` reads sin as -sin (exact): the gradient. ropelib/native.py builds it and makes every
+ * size and tile decision. Rows are the last dim (stride 1); other dims have a size and a stride
+ * per tensor (0 where a table broadcasts): views need no copy. out is x or does not overlap it. */
 #include <stdint.h>
 #include <string.h>
 
-/* x86-64 Linux GCC: one copy of each loop per instruction set, picked at load time. Helpers
- * are forced inline: one left out of line would run its SSE2 build inside every copy. */
+/* x86-64 Linux GCC: a copy per instruction set, picked at load time; helpers forced inline (one
+ * out of line would run its SSE2 build inside every copy). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TARGETS
 #endif
 #define INLINE static inline __attribute__((always_inline))
-/* In place, o == x: iteration i reads and writes only pair i, so no iteration depends on
- * another and one loop vectorizes for both (restrict on x and o would make in place undefined;
- * the tables are restrict: out never overlaps them, ropelib.kernels checks). */
+/* In place (o == x) iteration i reads and writes only pair i: one loop vectorizes for both
+ * (restrict x and o would make in place undefined; out never overlaps the restrict tables). */
 #if defined(__clang__)
 #define IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #else
@@ -37,8 +32,7 @@ INLINE uint16_t bf16_store(float f) {
 }
 #define SAME(v) (v)
 
-/* An interleaved pair (p[0], p[1]) as (a, b) and back; bfloat16 as one 32-bit word (low half
- * first on a little-endian machine), which vectorizes without shuffling 16-bit lanes. */
+/* A pair (p[0], p[1]) as (a, b) and back; bfloat16 as one 32-bit word: vectorizes better. */
 #define PAIR_LOAD(ACC, LOAD, p, a, b) ACC a = LOAD((p)[0]), b = LOAD((p)[1])
 #define PAIR_STORE(STORE, p, a, b) do { (p)[0] = STORE(a); (p)[1] = STORE(b); } while (0)
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -51,57 +45,11 @@ INLINE uint16_t bf16_store(float f) {
 #define BF16_PAIR_STORE PAIR_STORE
 #endif
 
-/* M-RoPE rows, cos_out[n, i] = cos_t[positions[n, axes[i]], i] (sin alike), for tokens
- * [begin, end): the row of axis 0 copied, each other axis' row blended in where axes[i] is
- * that axis (whole rows in the cache, not an index per element). 0, or -1 at a position
- * outside [0, table_len) (the rows are then incomplete). */
-#define DEFINE_AXIS_ROWS(NAME, ACC)                                                                \
-static TARGETS int64_t NAME##_range(const ACC *cos_t, const ACC *sin_t, const int64_t *positions,  \
-        int64_t stride, const int32_t *axes, int64_t k, int64_t table_len, int64_t pairs,          \
-        ACC *cos_out, ACC *sin_out, int64_t begin, int64_t end) {                                  \
-    for (int64_t n = begin; n < end; n++) {                                                        \
-        const int64_t *p = positions + n * stride;                                                 \
-        ACC *restrict co = cos_out + n * pairs, *restrict so = sin_out + n * pairs;                \
-        for (int64_t a = 0; a < k; a++)                                                            \
-            if (p[a] < 0 || p[a] >= table_len) return -1;                                          \
-        for (int64_t i = 0; i < pairs; i++) {                                                      \
-            co[i] = cos_t[p[0] * pairs + i];                                                       \
-            so[i] = sin_t[p[0] * pairs + i];                                                       \
-        }                                                                                          \
-        for (int64_t a = 1; a < k; a++) {                                                          \
-            const ACC *restrict c = cos_t + p[a] * pairs, *restrict s = sin_t + p[a] * pairs;      \
-            for (int64_t i = 0; i < pairs; i++) {                                                  \
-                co[i] = axes[i] == a ? c[i] : co[i];                                               \
-                so[i] = axes[i] == a ? s[i] : so[i];                                               \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    return 0;                                                                                      \
-}                                                                                                  \
-int64_t NAME(const ACC *cos_t, const ACC *sin_t, const int64_t *positions, const int32_t *axes,    \
-             int64_t tokens, int64_t k, int64_t table_len, int64_t pairs, ACC *cos_out,            \
-             ACC *sin_out, int64_t threads) {                                                      \
-    for (int64_t i = 0; i < pairs; i++)                                                            \
-        if (axes[i] < 0 || axes[i] >= k) return -1;                                                \
-    int64_t status = 0;                                                                            \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")       \
-    for (int64_t t = 0; t < threads; t++)                                                          \
-        status |= NAME##_range(cos_t, sin_t, positions, k, axes, k, table_len, pairs, cos_out,     \
-                               sin_out, tokens * t / threads, tokens * (t + 1) / threads);         \
-    return status;                                                                                 \
-}
-DEFINE_AXIS_ROWS(rope_axis_rows_float32, float)
-DEFINE_AXIS_ROWS(rope_axis_rows_float64, double)
-
-/* The rotation of one dtype: its half (i, i + h) and interleaved (2i, 2i + 1) row loops, the
- * rows of units [begin, end), and the entry point that splits the units over threads. `dims`:
- * the ndim leading dims' sizes, then x's, out's and the tables' (or positions') strides. Seq
- * is cut into runs of `tile` rows; a unit is a run at one index of the other dims, and units
- * go run-major (all heads of rows [0, tile), then [tile, 2 tile), ...), so a table broadcast
- * over heads is read from a cache after the first head. M-RoPE rows are gathered once per run
- * (a token on the diagonal reads its table row as it is) and reused across heads. 0, or -1 at
- * an axis outside [0, k) or a coordinate outside [0, table_len) (out is then incomplete). */
-#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE, GATHER)                              \
+/* One dtype: half (i, i + h) and interleaved (2i, 2i + 1) row loops, the rows of units [begin,
+ * end), the entry point that splits units over threads. `dims`: ndim leading sizes, then x's,
+ * out's and the tables' strides. A unit is `tile` rows of seq at one index of the other dims,
+ * run-major (all heads of one tile, then the next): tables broadcast over heads stay cached. */
+#define DEFINE_ROPE(NAME, T, ACC, LOAD, STORE, PLOAD, PSTORE)                                     \
 INLINE void NAME##_half(const T *x, T *o, const ACC *restrict c, const ACC *restrict s, ACC sign,  \
                         int64_t h) {                                                               \
     IVDEP for (int64_t i = 0; i < h; i++) {                                                        \
@@ -118,103 +66,51 @@ INLINE void NAME##_pairs(const T *x, T *o, const ACC *restrict c, const ACC *res
         PSTORE(STORE, o + 2 * i, a * c[i] - b * si, a * si + b * c[i]);                            \
     }                                                                                              \
 }                                                                                                  \
-static TARGETS int64_t NAME##_range(const T *x, T *out, const ACC *cos_t, const ACC *sin_t,        \
-        const int64_t *dims, int64_t ndim, int64_t outer, int64_t head_dim,                        \
-        int64_t rotary_dim, int64_t half, ACC sign, int64_t tile, const int64_t *positions,        \
-        const int32_t *axes, int64_t k, int64_t table_len, int64_t begin, int64_t end) {           \
+static TARGETS void NAME##_range(const T *x, T *out, const ACC *cos_t, const ACC *sin_t,           \
+        const int64_t *dims, int64_t ndim, int64_t outer, int64_t head_dim, int64_t rotary_dim,    \
+        int64_t half, ACC sign, int64_t tile, int64_t begin, int64_t end) {                        \
     const int64_t *sizes = dims, *xst = dims + ndim, *ost = dims + 2 * ndim;                       \
-    const int64_t *tst = dims + 3 * ndim, last = ndim - 1, run_size = sizes[last];                 \
-    const int64_t xs = xst[last], os = ost[last], ts = tst[last], h = rotary_dim / 2;              \
-    int64_t index[ndim], xo = 0, oo = 0, to = 0, run = begin / outer, rest = begin % outer;        \
-    for (int64_t d = last - 1; d >= 0; d--) {                                                      \
-        index[d] = rest % sizes[d];                                                                \
-        rest /= sizes[d];                                                                          \
-        xo += index[d] * xst[d];                                                                   \
-        oo += index[d] * ost[d];                                                                   \
-        to += index[d] * tst[d];                                                                   \
-    }                                                                                              \
-    ACC gathered[positions ? tile * rotary_dim : 1];                                               \
-    const ACC *rows[positions ? 2 * tile : 1];                                                     \
-    const int64_t *gathered_for = NULL;                                                            \
+    const int64_t *tst = dims + 3 * ndim, last = ndim - 1, h = rotary_dim / 2;                     \
+    const int64_t xs = xst[last], os = ost[last], ts = tst[last];                                  \
     for (int64_t u = begin; u < end; u++) {                                                        \
-        const int64_t first = run * tile;                                                          \
-        const int64_t n = tile < run_size - first ? tile : run_size - first;                       \
-        const T *xr = x + xo + first * xs;                                                         \
-        T *orow = out + oo + first * os;                                                           \
-        const ACC *c = cos_t + to + first * ts, *s = sin_t + to + first * ts;                      \
-        if (positions && positions + to + first * ts != gathered_for) {                            \
-            gathered_for = positions + to + first * ts;                                            \
-            for (int64_t j = 0; j < n; j++) {                                                      \
-                const int64_t *p = gathered_for + j * ts;                                          \
-                int64_t diagonal = 1;                                                              \
-                for (int64_t a = 1; a < k; a++) diagonal &= p[a] == p[0];                          \
-                if (diagonal && p[0] >= 0 && p[0] < table_len) {                                   \
-                    rows[2 * j] = cos_t + p[0] * h;                                                \
-                    rows[2 * j + 1] = sin_t + p[0] * h;                                            \
-                    continue;                                                                      \
-                }                                                                                  \
-                ACC *g = gathered + 2 * j * h;                                                     \
-                if (GATHER(cos_t, sin_t, p, 0, axes, k, table_len, h, g, g + h, 0, 1)) {           \
-                    return -1;                                                                     \
-                }                                                                                  \
-                rows[2 * j] = g;                                                                   \
-                rows[2 * j + 1] = g + h;                                                           \
-            }                                                                                      \
+        const int64_t first = u / outer * tile;                                                    \
+        const int64_t n = tile < sizes[last] - first ? tile : sizes[last] - first;                 \
+        const T *xr = x + first * xs;                                                              \
+        T *orow = out + first * os;                                                                \
+        const ACC *c = cos_t + first * ts, *s = sin_t + first * ts;                                \
+        for (int64_t d = last - 1, rest = u % outer; d >= 0; rest /= sizes[d--]) {                 \
+            const int64_t i = rest % sizes[d];                                                     \
+            xr += i * xst[d], orow += i * ost[d], c += i * tst[d], s += i * tst[d];                \
         }                                                                                          \
         for (int64_t j = 0; j < n; j++, xr += xs, orow += os, c += ts, s += ts) {                  \
-            const ACC *cj = positions ? rows[2 * j] : c;                                           \
-            const ACC *sj = positions ? rows[2 * j + 1] : s;                                       \
-            if (half) NAME##_half(xr, orow, cj, sj, sign, h);                                      \
-            else NAME##_pairs(xr, orow, cj, sj, sign, h);                                          \
+            if (half) NAME##_half(xr, orow, c, s, sign, h);                                        \
+            else NAME##_pairs(xr, orow, c, s, sign, h);                                            \
             if (orow != xr && rotary_dim < head_dim)                                               \
                 memcpy(orow + rotary_dim, xr + rotary_dim,                                         \
                        (size_t)(head_dim - rotary_dim) * sizeof(T));                               \
         }                                                                                          \
-        int64_t d = last - 1;                                                                      \
-        for (; d >= 0; d--) {                                                                      \
-            xo += xst[d];                                                                          \
-            oo += ost[d];                                                                          \
-            to += tst[d];                                                                          \
-            if (++index[d] < sizes[d]) break;                                                      \
-            xo -= index[d] * xst[d];                                                               \
-            oo -= index[d] * ost[d];                                                               \
-            to -= index[d] * tst[d];                                                               \
-            index[d] = 0;                                                                          \
-        }                                                                                          \
-        if (d < 0) run++;                                                                          \
     }                                                                                              \
-    return 0;                                                                                      \
 }                                                                                                  \
-int64_t NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, const int64_t *dims,          \
-             int64_t ndim, int64_t tile, int64_t threads, int64_t head_dim, int64_t rotary_dim,    \
-             int64_t half, int64_t inverse, const int64_t *positions, const int32_t *axes,         \
-             int64_t k, int64_t table_len) {                                                       \
-    for (int64_t i = 0; positions && i < rotary_dim / 2; i++)                                      \
-        if (axes[i] < 0 || axes[i] >= k) return -1;                                                \
-    const ACC sign = inverse ? -1 : 1;                                                             \
+void NAME(const T *x, T *out, const ACC *cos_t, const ACC *sin_t, const int64_t *dims,             \
+          int64_t ndim, int64_t tile, int64_t threads, int64_t head_dim, int64_t rotary_dim,       \
+          int64_t half, int64_t inverse) {                                                         \
     int64_t outer = 1;                                                                             \
     for (int64_t d = 0; d + 1 < ndim; d++) outer *= dims[d];                                       \
     const int64_t units = (dims[ndim - 1] + tile - 1) / tile * outer;                              \
     if (threads > units) threads = units;                                                          \
     if (threads <= 1) /* no OpenMP region: it would cost as much as a small call */                \
-        return NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim,         \
-                            half, sign, tile, positions, axes, k, table_len, 0, units);            \
-    int64_t status = 0;                                                                            \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1) reduction(|:status)")       \
-    for (int64_t t = 0; t < threads; t++)                                                          \
-        status |= NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim,      \
-                               half, sign, tile, positions, axes, k, table_len,                    \
-                               units * t / threads, units * (t + 1) / threads);                    \
-    return status;                                                                                 \
+        NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,          \
+                     inverse ? -1 : 1, tile, 0, units);                                            \
+    else                                                                                           \
+        _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                       \
+        for (int64_t t = 0; t < threads; t++)                                                      \
+            NAME##_range(x, out, cos_t, sin_t, dims, ndim, outer, head_dim, rotary_dim, half,      \
+                         inverse ? -1 : 1, tile, units * t / threads, units * (t + 1) / threads);  \
 }
-DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE,
-            rope_axis_rows_float32_range)
-DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE,
-            rope_axis_rows_float64_range)
-DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD,
-            BF16_PAIR_STORE, rope_axis_rows_float32_range)
+DEFINE_ROPE(rope_float32, float, float, SAME, SAME, PAIR_LOAD, PAIR_STORE)
+DEFINE_ROPE(rope_float64, double, double, SAME, SAME, PAIR_LOAD, PAIR_STORE)
+DEFINE_ROPE(rope_bfloat16, uint16_t, float, bf16_load, bf16_store, BF16_PAIR_LOAD, BF16_PAIR_STORE)
 
-/* Whether OpenMP built this library: without it the threads' units run one after another. */
 #if defined(_OPENMP)
 int rope_threaded(void) { return 1; }
 #else

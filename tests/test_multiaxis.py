@@ -40,7 +40,7 @@ from ropelib import (
     generate_rope_embeddings,
     mrope_positions,
 )
-from ropelib.multiaxis import axis_of_pairs
+from ropelib.multiaxis import axis_of_pairs, axis_rows
 
 F64 = torch.float64
 # Rows computed on a GPU and the CPU's tables: both float64 cos/sin rounded to float32, one
@@ -348,34 +348,68 @@ def test_rotary_embedding_gathers_what_axis_tables_computes(device):
         assert rotary.cached_len == 16
 
 
+def test_axis_rows_read_each_pair_from_its_axis_row():
+    """Pair i of token n is column i of table row positions[n, pair_axes[i]] (written out
+    element by element here), for float32 and float64 tables, pairs whose axes come in any
+    order, batched and empty positions; a coordinate or an axis out of range is a ValueError
+    naming both ranges."""
+    torch.manual_seed(0)
+    positions = torch.randint(0, 500, (300, 4))
+    pair_axes = torch.tensor([3, 0, 0, 1, 2, 3, 1, 1, 0, 2, 2, 3], dtype=torch.int32)
+    for dtype in (torch.float32, F64):
+        cos, sin = torch.randn(500, 12, dtype=dtype), torch.randn(500, 12, dtype=dtype)
+        rows = axis_rows(cos, sin, positions, pair_axes)
+        for table, got in zip((cos, sin), rows, strict=True):
+            expected = torch.tensor([[float(table[positions[n, pair_axes[i]], i])
+                                      for i in range(12)] for n in range(300)], dtype=dtype)
+            assert torch.equal(got, expected)
+        batched = axis_rows(cos, sin, positions.reshape(3, 100, 4), pair_axes)
+        assert all(torch.equal(b, r.reshape(3, 100, 12)) for b, r in zip(batched, rows, strict=True))
+    empty = axis_rows(cos, sin, positions[:0], pair_axes)
+    assert empty[0].shape == (0, 12) and empty[1].shape == (0, 12)
+    for bad_positions, bad_axes in ((positions.clamp_max(499) + (positions == 7) * 493,
+                                     pair_axes),
+                                    (positions.clamp_min(1) - (positions == 9) * 10, pair_axes),
+                                    (positions, pair_axes.clone().fill_(4))):
+        with pytest.raises(ValueError, match=r"positions must be in \[0, 500\) \(the table's "
+                                             r"rows\) and pair_axes in \[0, 4\)"):
+            axis_rows(cos, sin, bad_positions, bad_axes)
+
+
 @pytest.mark.parametrize("order", ["chunked", "interleaved"])
-def test_compiled_gather_equals_the_eager_gather_and_double_tables(order):
-    """The module's rows come from the compiled gather (ropelib.native) on the CPU: the same
-    bits as torch's gather (the kernel turned off), batched positions included, and in
-    float64 after double() (exact angles to 1e-12)."""
-    from ropelib import native
+def test_module_rows_equal_the_exact_angles_compiled_and_exported(order):
+    """The module's rows of multi-axis positions on the CPU (gathered from its tables by
+    ``axis_rows``) equal the float64 angles' cos and sin to 1e-12 after double(), and
+    ``axis_rows`` compiled (one graph) and exported gives the eager rows and asserts that
+    every pair's axis is one of the positions' axes."""
     W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)
     positions = large_positions(90, 3).reshape(3, 30, 3)
     rotary = RotaryEmbedding(64, frequencies=W)
-    assert native.supports_axis_rows(*rotary.tables(1))
-    fast = rotary(positions=positions)
-    previous = native.set_enabled(False)
-    try:
-        slow = rotary(positions=positions)
-    finally:
-        native.set_enabled(previous)
-    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
     cos64, sin64 = rotary.double()(positions=positions)
     assert cos64.dtype == F64
     torch.testing.assert_close(cos64, exact_angles(positions, W).cos(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sin64, exact_angles(positions, W).sin(), rtol=1e-12, atol=1e-12)
+    tables = (*rotary.float().tables(int(positions.max()) + 1), positions, rotary.pair_axes)
+    eager = axis_rows(*tables)
+
+    class Rows(torch.nn.Module):
+        def forward(self, cos, sin, positions, pair_axes):
+            return axis_rows(cos, sin, positions, pair_axes)
+
+    compiled = torch.compile(axis_rows, fullgraph=True, backend="aot_eager")
+    exported = torch.export.export(Rows(), tables).module()
+    for graph in (compiled, exported):
+        got = graph(*tables)
+        assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+        with pytest.raises(RuntimeError, match=r"pair_axes must be in \[0, 3\)"):
+            graph(*tables[:3], tables[3].clone().fill_(3))
 
 
 @pytest.mark.parametrize("order", ["chunked", "interleaved"])
 def test_apply_rope_with_axes_reads_the_rows_of_each_pair(order):
     """``apply_rope(x, cos, sin, positions=p, axes=)`` rotates pair i by p[axes[i]] * theta_i:
     bit for bit the rotation of the rows gathered first, with the compiled CPU loop (which
-    reads the rows itself) and without it, into out= and in place, for (seq, k) and
+    gathers the rows, then rotates) and without it, into out= and in place, for (seq, k) and
     (batch, seq, k) positions. CPU only: it switches the compiled loop off and on."""
     from ropelib import native
     W = axis_frequencies(64, [12, 10, 10], base=1e6, order=order)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from reference import angles, backend_name, rope_by_pairs, thetas
 
-from ropelib import apply_rope, eager, generate_rope_embeddings, kernels, native
+from ropelib import apply_rope, generate_rope_embeddings, kernels, native
 
 F64 = torch.float64
 LAYOUTS = ["interleaved", "half"]
@@ -179,7 +179,7 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     tile = native.tile_rows(seq, batch * heads, rd * acc_bytes, most)
     if rows == "whole runs":
         assert tile == seq
-    elif rows == "runs cut for threads" and native.threaded():
+    elif rows == "runs cut for threads" and native.native_status().threaded:
         assert most == 5 and tile < seq and seq % tile
     elif rows == "tiles":
         assert tile == native.TABLE_TILE_BYTES // (rd * acc_bytes) and seq % tile
@@ -210,55 +210,56 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(2, 3, 307, 80), (1, 1, 307, 1100)])
-def test_the_loop_reads_multi_axis_rows_through_the_positions(dtype, layout, shape):
-    """With positions, the loop reads pair i of a token at coordinates p from table row
-    p[axes[i]] itself, a tile at a time: against float64 rotations by the angles
-    p[axes[i]] * theta_i, and bit for bit against the same loop on rows gathered first
-    (eager.gather_rows), for positions shared by the batch or one row per batch entry,
-    tokens on the diagonal (read from the table) and off it, a seq length that is not a
-    multiple of the tile, a partial rotation, in place, and 1, 2 or 5 threads; in the
-    second shape one run gets 5 threads, so its tiles are cut smaller for them."""
+def test_multi_axis_positions_rotate_each_pair_by_its_axis(dtype, layout, shape):
+    """With positions and axes (M-RoPE) the CPU backend rotates pair i of a token at
+    coordinates p by the table row p[axes[i]] (it gathers the rows, then runs the loop):
+    against float64 rotations by the angles p[axes[i]] * theta_i, for positions shared by the
+    batch or one row per batch entry, tokens on the diagonal and off it, a partial rotation,
+    out= and in place, 1, 2 or 5 threads (the same bits; in the second shape one run gets 5
+    threads, so its seq is cut into tiles for them), and the inverse, which undoes it."""
     torch.manual_seed(0)
     (batch, heads, seq, dim), rd, k = shape, 64, 3
-    if shape[0] == 1 and native.threaded():
-        acc_bytes = 8 if dtype == F64 else 4
-        tile = native.tile_rows(seq, 1, rd * acc_bytes, 5, gathered=True)
-        assert tile < native.GATHER_BYTES // (rd * acc_bytes) and seq % tile
     axes = torch.tensor([2, 0, 1, 1] * (rd // 8) + [0] * (rd // 4))[:rd // 2]
     table_len = 900
     theta = angles(torch.arange(table_len), thetas(rd))
-    accumulate = F64 if dtype == F64 else torch.float32
-    cos, sin = theta.cos().to(accumulate), theta.sin().to(accumulate)
+    cos, sin = theta.cos().to(F64 if dtype == F64 else torch.float32), theta.sin()
+    sin = sin.to(cos.dtype)
     diagonal = torch.randint(0, table_len, (batch, seq, 1)).expand(batch, seq, k)
     positions = torch.where(torch.rand(batch, seq, 1) < 0.4, diagonal,
                             torch.randint(0, table_len, (batch, seq, k)))
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
+    xd = x.to(dtype)
+    assert native.decline_reason([xd], [None], cos, sin, rd, positions[:, None]) is None
+    tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     threads = torch.get_num_threads()
-    for p in (positions[:1, None], positions[:, None]):  # (1, 1, seq, k), (batch, 1, seq, k)
+    for p in (positions[0], positions):  # (seq, k), (batch, seq, k)
         exact = p.index_select(-1, axes).to(F64) * thetas(rd)
+        exact = exact.expand(batch, 1, seq, rd // 2) if p.ndim == 2 else exact[:, None]
         expected = rope_by_pairs(x[..., :rd], exact.expand(batch, heads, seq, rd // 2), layout)
-        rows = eager.gather_rows(cos, sin, p, axes)
-        xd = x.to(dtype)
+        results = []
         try:
-            results = []
             for n in (1, 2, 5):
                 torch.set_num_threads(n)
-                results.append(native.rotate(xd, cos, sin, layout, rd, None, False, p, axes))
+                results.append(apply_rope(xd, cos, sin, layout=layout, rotary_dim=rd,
+                                          positions=p, axes=axes))
                 in_place = xd.clone()
-                native.rotate(in_place, cos, sin, layout, rd, in_place, False, p, axes)
+                apply_rope(in_place, cos, sin, layout=layout, rotary_dim=rd, positions=p,
+                           axes=axes, out=in_place)
                 assert torch.equal(in_place, results[-1])
         finally:
             torch.set_num_threads(threads)
         assert all(torch.equal(results[0], r) for r in results[1:])
-        assert torch.equal(results[0], native.rotate(xd, *rows, layout, rd))
-        tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
         torch.testing.assert_close(results[0][..., :rd].to(F64), expected, rtol=tol, atol=tol)
         assert torch.equal(results[0][..., rd:], xd[..., rd:])
-        inverse = native.rotate(results[0], cos, sin, layout, rd, None, True, p, axes)
+        coordinates = p[:, None] if p.ndim == 3 else p[None, None]
+        inverse = kernels.rotate(results[0], cos, sin, layout, rd, True, coordinates, axes)
         torch.testing.assert_close(inverse.to(F64), xd.to(F64), rtol=2 * tol, atol=2 * tol)
 
 
-def test_the_loop_checks_every_coordinate_and_axis():
+def test_coordinates_and_axes_out_of_range_are_named():
+    """The operators' coordinates and axes are checked before a row is read with them (a
+    ValueError naming both ranges, as the operators' doc says); wide rows
+    (8192 channels) are gathered and rotated by the loop too."""
     x = torch.randn(1, 2, 40, 16)
     cos, sin = torch.randn(50, 8), torch.randn(50, 8)
     positions = torch.randint(0, 50, (1, 1, 40, 2))
@@ -268,40 +269,15 @@ def test_the_loop_checks_every_coordinate_and_axis():
                                     (positions, axes.clone().fill_(2)),
                                     (positions, axes - 1)):
         with pytest.raises(ValueError, match=r"positions must be in \[0, 50\)"):
-            native.rotate(x, cos, sin, "half", 16, None, False, bad_positions, bad_axes)
-    assert native.supports_axes(x, 16)
-    assert not native.supports_axes(torch.zeros(1, 1, 4, 8192), 8192)  # a row over 16 KiB
-
-
-def test_axis_rows_read_each_pair_from_its_axis_row():
-    """The compiled gather of M-RoPE rows: pair i of token n is column i of table row
-    positions[n, pair_axes[i]], for float32 and float64 tables, one or several threads, and
-    pairs whose axes come in any order (written out element by element here)."""
-    torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    for dtype in (torch.float32, F64):
-        cos, sin = torch.randn(500, 12, dtype=dtype), torch.randn(500, 12, dtype=dtype)
-        positions = torch.randint(0, 500, (3000, 4))
-        pair_axes = torch.tensor([3, 0, 0, 1, 2, 3, 1, 1, 0, 2, 2, 3], dtype=torch.int32)
-        expected = torch.tensor([[float(cos[positions[n, pair_axes[i]], i]) for i in range(12)]
-                                 for n in range(3000)], dtype=dtype)
-        try:
-            for n in (1, 3):
-                torch.set_num_threads(n)
-                rows_cos, rows_sin = native.axis_rows(cos, sin, positions, pair_axes)
-                assert torch.equal(rows_cos, expected)
-                assert torch.equal(rows_sin, sin.gather(0, positions.index_select(
-                    1, pair_axes.long())))
-        finally:
-            torch.set_num_threads(threads)
-    empty = native.axis_rows(cos, sin, positions[:0], pair_axes)
-    assert empty[0].shape == (0, 12) and empty[1].shape == (0, 12)
-    for bad_positions, bad_axes in ((positions.clamp_max(499) + (positions == 7) * 493,
-                                     pair_axes),
-                                    (positions.clamp_min(1) - (positions == 9) * 10, pair_axes),
-                                    (positions, pair_axes.clone().fill_(4))):
-        with pytest.raises(ValueError, match=r"positions must be in \[0, 500\)"):
-            native.axis_rows(cos, sin, bad_positions, bad_axes)
+            kernels.rotate(x, cos, sin, "half", 16, False, bad_positions, bad_axes)
+    wide = torch.randn(1, 1, 4, 8192)
+    cos, sin = generate_rope_embeddings(4, 8192)
+    assert native.decline_reason([wide], [None], cos, sin, 8192, torch.zeros(4, 2)) is None
+    coordinates = torch.tensor([[3, 0], [1, 2], [0, 0], [2, 1]])
+    result = apply_rope(wide, cos, sin, positions=coordinates, axes=torch.arange(4096) % 2)
+    exact = coordinates[:, torch.arange(4096) % 2].to(F64) * thetas(8192)
+    torch.testing.assert_close(result.to(F64), rope_by_pairs(wide.to(F64), exact, "interleaved"),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_large_output_is_a_plain_contiguous_tensor():
@@ -358,7 +334,7 @@ def test_forked_child_on_one_thread():
 
 
 def test_built_with_openmp_here():
-    assert native.threaded()
+    assert native.native_status().threaded
 
 
 def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp_path):
@@ -370,7 +346,7 @@ def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp
     native._load.cache_clear()
     threads = torch.get_num_threads()
     try:
-        assert native.unavailable_reason() is None and not native.threaded()
+        assert native.unavailable_reason() is None and not native.native_status().threaded
         torch.set_num_threads(2)
         x = torch.randn(4, 8, 128, 64)
         cos, sin = generate_rope_embeddings(128, 64)
@@ -440,7 +416,7 @@ def test_compiles_into_a_fresh_cache_dir(monkeypatch, tmp_path):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_coordinate_per_token_without_axes(layout):
     """The operators' positions without axes (one coordinate per token, what apply_rope hands
-    a GPU): the compiled loop reads every pair of a token from its one table row, like the
+    a GPU): the CPU backend rotates every pair of a token by its one table row, like the
     eager gather and the float64 rotation."""
     x = torch.randn(3, 2, 5, 16)
     cos, sin = generate_rope_embeddings(40, 16)
@@ -456,13 +432,6 @@ def test_one_coordinate_per_token_without_axes(layout):
     torch.testing.assert_close(compiled, by_gather, rtol=1e-6, atol=1e-6)  # two roundings
     expected = rope_by_pairs(x.to(F64), angles64(40, 16)[positions][:, None], layout)
     torch.testing.assert_close(compiled.to(F64), expected, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("args, name", [((0, 1, 4), "seq"), ((8, 0, 4), "runs"),
-                                        ((8, 1, 2.5), "table_row_bytes"), ((8, 1, 4, 0), "threads")])
-def test_tile_rows_names_a_bad_count(args, name):
-    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
-        native.tile_rows(*args)
 
 
 @pytest.mark.parametrize("where", ["rows", "positions", "M-RoPE"])

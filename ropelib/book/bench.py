@@ -96,7 +96,7 @@ def mrope_candidates(x: torch.Tensor, positions: torch.Tensor, sections: list[in
                      base: float = 1e6) -> dict[str, Callable[[], object]]:
     """M-RoPE on x ``(B, H, seq, d)`` at positions ``(seq, 3)``: copy baselines; ropelib as
     ``StandardAttentionWithRoPE`` calls it (the cached tables and ``apply_rope(...,
-    axes=)``, whose loop reads each token's rows itself), ropelib in two steps (the rows
+    axes=)``, which gathers each token's rows, then rotates), ropelib in two steps (the rows
     gathered by ``RotaryEmbedding(positions=)``, then the 1D rotation) and the rotation
     alone on rows made beforehand; Hugging Face's recomposition + rotate_half."""
     head_dim = x.shape[-1]
