@@ -25,9 +25,9 @@ import torch
 from ropelib.attention import KVCache, StandardAttentionWithRoPE
 from ropelib.book import bench
 from ropelib.book.timing import fit_power_law
+from ropelib.kernels import native_status
 from ropelib.linear_attention import linear_attention
 from ropelib.multiaxis import mrope_positions
-from ropelib.native import native_status
 from ropelib.rotation import apply_rope
 from ropelib.tables import RotaryEmbedding
 

@@ -8,7 +8,7 @@ Plotting and sliders live in ``ropelib.viz`` (matplotlib, ipywidgets).
 """
 
 from .attention import KVCache, StandardAttentionWithRoPE
-from .kernels import backend_status
+from .kernels import backend_status, native_status
 from .layouts import (
     convert_activations,
     convert_attention_state_dict,
@@ -18,7 +18,6 @@ from .layouts import (
 from .linear_attention import linear_attention
 from .masks import causal_mask
 from .multiaxis import RoPEMixed, axis_frequencies, axis_tables, mrope_positions
-from .native import native_status
 from .positions import (
     positions_after_cache,
     positions_for_context_parallel,

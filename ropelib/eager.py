@@ -17,17 +17,12 @@ from ._checks import new_output
 
 NAME = "eager"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
-CHECKS_COORDINATES = False  # their range is checked before ``run`` (``check_coordinates``)
 prepare = None  # no launch to prepare: such calls take the full path
 run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 
 
-def decline_reason(xs, outs, cos, sin, rotary_dim, positions) -> None:
-    """None: eager PyTorch takes every call."""
-
-
 def assess(xs, outs, cos, sin, rotary_dim, positions) -> tuple[None, None]:
-    """(``decline_reason``, no plan)."""
+    """(no reason to decline: eager PyTorch takes every call, no plan)."""
     return None, None
 
 

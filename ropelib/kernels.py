@@ -5,8 +5,8 @@ Layers: rotation -> distributed -> kernels (here) -> native | triton_rope | eage
 DTensor see; ``rotate_each`` runs a call directly when nobody watches it (``plain_call``),
 else through the operator (a destination then takes a copy). The gradient is the rotation
 with ``inverse`` flipped: one formula (``_save``, ``_backward``) for the operators and
-``_EagerRotation``. A backend module exports ``NAME``, ``decline_reason``, ``assess``,
-``run``, ``CHECKS_PENDING``, ``CHECKS_COORDINATES``, ``run_cache`` and ``prepare``;
+``_EagerRotation``. A backend module exports ``NAME``, ``assess`` (why it declines a call, or
+None, and its plan), ``run``, ``CHECKS_PENDING``, ``run_cache`` and ``prepare``;
 ``ROPELIB_BACKEND`` (read per call) forces one.
 """
 
@@ -255,8 +255,7 @@ def run_backend(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
     backend, plan = choose_backend(xs, outs, cos, sin, rotary_dim, positions)
     if pending is not None and not backend.CHECKS_PENDING:
         positions, pending = resolve_pending(xs[0], cos, positions, axes, pending), None
-    if (pending is None and positions is not None and xs[0].device.type == "cpu"
-            and not backend.CHECKS_COORDINATES):
+    if pending is None and positions is not None and xs[0].device.type == "cpu":
         check_coordinates(positions, axes, cos.shape[0])
     return backend.run(xs, outs, cos, sin, layout, rotary_dim, inverse, positions, axes,
                        pending=pending, plan=plan)
@@ -355,7 +354,7 @@ def backend_status(device: str | torch.device = "cpu",
     if forced and forced not in BACKENDS:
         return BackendStatus(None, f"ROPELIB_BACKEND={forced!r} is not one of {BACKENDS}: "
                                    "every call raises ValueError")
-    try:  # decline_reason's arguments: a (1, 1, 2, 8) x with float32 rows
+    try:  # assess's arguments: a (1, 1, 2, 8) x with float32 rows
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("torch.cuda.is_available() is False" + (
                 " (this PyTorch is built without CUDA)" if torch.version.cuda is None else ""))
@@ -368,7 +367,7 @@ def backend_status(device: str | torch.device = "cpu",
     declined = []
     for name in names:
         backend, reason = _backend(name)
-        reason = reason or backend.decline_reason(*probe)
+        reason = reason or backend.assess(*probe)[0]
         if not reason:
             return BackendStatus(name, "forced by ROPELIB_BACKEND" if forced else (
                 f"the first of {', '.join(names)} that takes the call"
@@ -379,6 +378,26 @@ def backend_status(device: str | torch.device = "cpu",
                                        "raises ValueError")
         declined.append(f"{name} declined: {reason}")
     return BackendStatus("eager", "; ".join(declined) or "no compiled backend for this device")
+
+
+class NativeStatus(NamedTuple):
+    """Which path ``apply_rope`` takes on the CPU (float32, float64, bfloat16) and why."""
+
+    path: str | None  # "native" (the compiled loop) or "eager"; None: every such call raises
+    reason: str  # why that path
+    threaded: bool  # whether the compiled loop runs on several threads (OpenMP)
+
+
+def native_status() -> NativeStatus:
+    """Which path CPU calls of float32, float64 and bfloat16 take and why (building the loop):
+    ``"native"`` (naming the compiler that built the loaded loop), ``"eager"``, or None where
+    every such call raises, as ``backend_status`` (which covers any call) says."""
+    path, reason = backend_status("cpu", torch.float32)
+    loop = _backend("native")[0].loop() if path == "native" else None
+    if loop is None:
+        return NativeStatus(path, reason, False)
+    how = "with OpenMP" if loop.threaded else "without OpenMP (one thread)"
+    return NativeStatus(path, f"{reason}; compiled {how} by CC={loop.compiler!r}", loop.threaded)
 
 
 def check_out_memory(xs: Sequence[Tensor], outs: Sequence[Tensor], cos: Tensor, sin: Tensor,

@@ -2,9 +2,9 @@
 it once, as a copy does (eager PyTorch makes two or more passes, and temporaries). Built with
 ``$CC`` (default ``cc``, or a command line: ``CC="ccache gcc"``) on first use, kept in
 ``cache_dir()``, called through ctypes; with OpenMP it splits large tensors over PyTorch's
-threads (one in a forked DataLoader worker). Positions: ``table_rows``, then the loop. A failed
-build warns once; ``native_status()`` says which path CPU calls take; ``set_enabled(False)``
-(or ``ROPELIB_NATIVE=0``) turns the loop off."""
+threads (one in a forked DataLoader worker). Positions: ``table_rows``, then the loop. A
+failed build warns once; ``ropelib.native_status()`` says which path CPU calls take;
+``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from torch import Tensor
 
 NAME = "native"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
-CHECKS_COORDINATES = False  # their range is checked before ``run`` (``check_coordinates``)
 prepare = None  # no launch to prepare: such calls take the full path
 run_cache = None  # a cache step is ``run`` into the key cache's slots and a copy of v
 SOURCE = Path(__file__).with_name("native_rope.c")
@@ -115,57 +114,35 @@ def unavailable_reason() -> str | None:
     return _load()[1]
 
 
-class NativeStatus(NamedTuple):
-    """Which path ``apply_rope`` takes on the CPU (float32, float64, bfloat16) and why."""
-
-    path: str | None  # "native" (the compiled loop) or "eager"; None: every such call raises
-    reason: str  # why that path
-    threaded: bool  # whether the compiled loop runs on several threads (OpenMP)
-
-
-def native_status() -> NativeStatus:
-    """Which path CPU calls of float32, float64 and bfloat16 take and why (building the loop):
-    ``"native"`` (naming the compiler that built the loaded loop), ``"eager"``, or None where
-    every such call raises, as ``ropelib.backend_status`` (which covers any call) says."""
-    from .kernels import backend_status  # the layer above, which asks this module
-
-    path, reason = backend_status("cpu", torch.float32)
-    if path != "native":
-        return NativeStatus(path, reason, False)
-    lib = _load()[0]
-    how = "with OpenMP" if lib.threaded else "without OpenMP (one thread)"
-    return NativeStatus(path, f"{reason}; compiled {how} by CC={lib.compiler!r}", lib.threaded)
-
-
-def decline_reason(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor,
-                   sin: Tensor, rotary_dim: int, positions: Tensor | None) -> str | None:
-    """None when the loop takes the call (``run``), else why not; builds the loop if needed."""
-    if not _enabled:
-        return "disabled (ROPELIB_NATIVE=0 or set_enabled(False))"
-    for x, out in zip(xs, outs, strict=True):
-        if not x.is_cpu:
-            return f"the compiled loop runs on the CPU, got {x.device}"
-        if x.dtype not in DTYPES:
-            return f"the compiled loop takes {', '.join(map(str, DTYPES))}, got {x.dtype}"
-        if x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
-            return "the channels of x and out must be contiguous (stride 1)"
-        if x.is_neg() or (out is not None and out.is_neg()):
-            return "x and out must not be lazily negated views"
-    if cos.is_neg() or sin.is_neg():
-        return "cos and sin must not be lazily negated views"
-    reason = _load()[1]  # not unavailable_reason(): a frame fewer on every call
-    return None if reason is None else f"the kernel could not be built: {reason}"
-
-
-def supports(x: Tensor, out: Tensor | None) -> bool:
-    """Whether ``rotate`` takes x into out (``decline_reason``, x standing for the tables)."""
-    return decline_reason([x], [out], x, x, x.shape[-1], None) is None
+def loop() -> Loop | None:
+    """The loaded loop (built on first use), or None where it cannot be."""
+    return _load()[0]
 
 
 def assess(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,
            rotary_dim: int, positions: Tensor | None) -> tuple[str | None, None]:
-    """(``decline_reason``, no plan): what ``ropelib.kernels`` asks every backend."""
-    return decline_reason(xs, outs, cos, sin, rotary_dim, positions), None
+    """(None when the loop takes the call, else why not; no plan), building the loop if
+    needed: what ``ropelib.kernels`` asks every backend."""
+    if not _enabled:
+        return "disabled (ROPELIB_NATIVE=0 or set_enabled(False))", None
+    for x, out in zip(xs, outs, strict=True):
+        if not x.is_cpu:
+            return f"the compiled loop runs on the CPU, got {x.device}", None
+        if x.dtype not in DTYPES:
+            return f"the compiled loop takes {', '.join(map(str, DTYPES))}, got {x.dtype}", None
+        if x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
+            return "the channels of x and out must be contiguous (stride 1)", None
+        if x.is_neg() or (out is not None and out.is_neg()):
+            return "x and out must not be lazily negated views", None
+    if cos.is_neg() or sin.is_neg():
+        return "cos and sin must not be lazily negated views", None
+    reason = _load()[1]  # not unavailable_reason(): a frame fewer on every call
+    return None if reason is None else f"the kernel could not be built: {reason}", None
+
+
+def supports(x: Tensor, out: Tensor | None) -> bool:
+    """Whether ``rotate`` takes x into out (``assess``, x standing for the tables)."""
+    return assess([x], [out], x, x, x.shape[-1], None)[0] is None
 
 
 def run(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: Tensor,

@@ -22,7 +22,6 @@ from ._checks import new_output
 
 NAME = "triton"
 CHECKS_PENDING = True  # the launch checks coordinates still pending (``kernels.UncheckedRange``)
-CHECKS_COORDINATES = False  # settled ones are checked before ``run`` (on the CPU)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_ELEMENTS = 2048  # elements of x in one (BLOCK_S, head_dim) tile
 HEADS_PER_PROGRAM = 4
@@ -200,7 +199,8 @@ def _meta(t: torch.Tensor) -> tuple:
 def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos: torch.Tensor,
            sin: torch.Tensor, rotary_dim: int, positions: torch.Tensor | None
            ) -> tuple[str | None, Verdict | None]:
-    """(``decline_reason``, the ``Verdict`` that ``run``, ``run_cache`` and ``prepare`` take)."""
+    """(None when the kernel takes the call, else why not; the ``Verdict`` that ``run``,
+    ``run_cache`` and ``prepare`` take)."""
     if not (xs[0].is_cuda or xs[0].is_cpu):
         return ("Triton runs on CUDA tensors (and on the CPU in its interpreter), got "
                 f"{xs[0].device}"), None
@@ -212,15 +212,8 @@ def assess(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None], cos:
     return verdict.reason, verdict
 
 
-def decline_reason(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor | None],
-                   cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int,
-                   positions: torch.Tensor | None) -> str | None:
-    """None when the kernel takes the call, else why not (a sentence)."""
-    return assess(xs, outs, cos, sin, rotary_dim, positions)[0]
-
-
 def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | None) -> str | None:
-    """``decline_reason`` of tensors of these ``_meta``s."""
+    """``assess``'s reason for tensors of these ``_meta``s."""
     shape, dtype = xs[0][0], xs[0][2]
     for t_shape, t_strides, t_dtype in (*xs, *(o for o in outs if o is not None)):
         if t_dtype not in DTYPES:

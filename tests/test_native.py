@@ -179,7 +179,7 @@ def test_tiles_visit_every_row_once_for_any_table_strides(dtype, tables, rows):
     tile = native.tile_rows(seq, batch * heads, rd * acc_bytes, most)
     if rows == "whole runs":
         assert tile == seq
-    elif rows == "runs cut for threads" and native.native_status().threaded:
+    elif rows == "runs cut for threads" and kernels.native_status().threaded:
         assert most == 5 and tile < seq and seq % tile
     elif rows == "tiles":
         assert tile == native.TABLE_TILE_BYTES // (rd * acc_bytes) and seq % tile
@@ -229,7 +229,7 @@ def test_multi_axis_positions_rotate_each_pair_by_its_axis(dtype, layout, shape)
                             torch.randint(0, table_len, (batch, seq, k)))
     x = torch.randn(batch, heads, seq, dim, dtype=F64)
     xd = x.to(dtype)
-    assert native.decline_reason([xd], [None], cos, sin, rd, positions[:, None]) is None
+    assert native.assess([xd], [None], cos, sin, rd, positions[:, None])[0] is None
     tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     threads = torch.get_num_threads()
     for p in (positions[0], positions):  # (seq, k), (batch, seq, k)
@@ -272,7 +272,7 @@ def test_coordinates_and_axes_out_of_range_are_named():
             kernels.rotate(x, cos, sin, "half", 16, False, bad_positions, bad_axes)
     wide = torch.randn(1, 1, 4, 8192)
     cos, sin = generate_rope_embeddings(4, 8192)
-    assert native.decline_reason([wide], [None], cos, sin, 8192, torch.zeros(4, 2)) is None
+    assert native.assess([wide], [None], cos, sin, 8192, torch.zeros(4, 2))[0] is None
     coordinates = torch.tensor([[3, 0], [1, 2], [0, 0], [2, 1]])
     result = apply_rope(wide, cos, sin, positions=coordinates, axes=torch.arange(4096) % 2)
     exact = coordinates[:, torch.arange(4096) % 2].to(F64) * thetas(8192)
@@ -334,7 +334,7 @@ def test_forked_child_on_one_thread():
 
 
 def test_built_with_openmp_here():
-    assert native.native_status().threaded
+    assert kernels.native_status().threaded
 
 
 def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp_path):
@@ -346,7 +346,7 @@ def test_compiler_without_openmp_gives_a_single_threaded_kernel(monkeypatch, tmp
     native._load.cache_clear()
     threads = torch.get_num_threads()
     try:
-        assert native.unavailable_reason() is None and not native.native_status().threaded
+        assert native.unavailable_reason() is None and not kernels.native_status().threaded
         torch.set_num_threads(2)
         x = torch.randn(4, 8, 128, 64)
         cos, sin = generate_rope_embeddings(128, 64)
@@ -373,7 +373,7 @@ def test_native_status_names_the_compiler_that_built_the_loaded_loop(monkeypatch
     try:
         assert native.unavailable_reason() is None
         monkeypatch.setenv("CC", "clang-that-built-nothing")
-        status = native.native_status()
+        status = kernels.native_status()
         assert status.path == "native" and str(wrapper) in status.reason, status
         assert "clang-that-built-nothing" not in status.reason
     finally:
@@ -422,7 +422,7 @@ def test_one_coordinate_per_token_without_axes(layout):
     cos, sin = generate_rope_embeddings(40, 16)
     positions = torch.randint(0, 40, (3, 5))
     coordinates = positions[:, None, :, None]
-    assert native.decline_reason([x], [None], cos, sin, 16, coordinates) is None
+    assert native.assess([x], [None], cos, sin, 16, coordinates)[0] is None
     compiled = kernels.rotate(x, cos, sin, layout, 16, False, coordinates, None)
     previous = native.set_enabled(False)
     try:

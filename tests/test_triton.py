@@ -104,7 +104,7 @@ def test_rows_with_a_heads_dim_of_their_own(device, monkeypatch):
     close(apply_rope(x, cos, sin, layout="half"), rope_by_pairs(x, table, "half"),
           torch.float32)
     q = torch.randn(2, 5, 3, 2, 8, device=device)[:, :, :, 0].transpose(1, 2)  # (2, 3, 5, 8)
-    reason = triton_rope.decline_reason([q], [None], cos, sin, 8, None)
+    reason = triton_rope.assess([q], [None], cos, sin, 8, None)[0]
     assert "rows that differ per head" in reason
     with pytest.raises(ValueError, match="ROPELIB_BACKEND=triton cannot rotate this call: "
                                          "the leading dims .* rows that differ per head"):
