@@ -87,8 +87,9 @@ def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     table[positions[..., n, axes[i]], i]`` (``positions`` ``(..., seq, k)``; axes None: k is
     1); a coordinate outside the table reads no memory and gives NaN, as in the Triton kernel."""
     table_len, width = cos.shape
+    positions = positions.long()  # any integer dtype: gather takes int64
     index = (positions[..., :1].expand(*positions.shape[:-1], width) if axes is None
-             else positions.index_select(-1, axes))
+             else positions.index_select(-1, axes.long()))
     if not table_len:  # nothing to read: every row is outside
         return (torch.full(index.shape, float("nan"), dtype=cos.dtype, device=cos.device),) * 2
     inside = (index >= 0) & (index < table_len)

@@ -92,9 +92,14 @@ def rotate_each(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor
         if written:
             torch.autograd.graph.increment_version(written)
         return done
-    if written and not tracing():  # a DTensor's memory is its local tensor's; fakes have none
+    if written and not tracing():  # a DTensor's memory is its local tensor's
         local = [t.to_local() if hasattr(t, "to_local") else t for t in (*xs, *outs, cos, sin)]
-        if all(type(t) is Tensor for t in local):
+        try:
+            for t in local:
+                t.data_ptr()
+        except RuntimeError:  # fake or wrapper tensors: no memory to check
+            local = None
+        if local is not None:
             n = len(xs)
             check_out_memory(local[:n], local[n:2 * n], *local[2 * n:], OUT_NAMES[n])
     positions = resolve_pending(xs[0], cos, positions, axes, pending)
@@ -208,7 +213,8 @@ def _table_grads(ctx, x: Tensor, grad: Tensor, cos: Tensor, sin: Tensor,
     grad_sin = (ga * b - gb * a) if ctx.inverse else (gb * a - ga * b)
     if positions is None:
         return grad_cos.sum_to_size(cos.shape), grad_sin.sum_to_size(sin.shape)
-    index = positions.index_select(-1, axes) if axes is not None else positions.expand(
+    positions = positions.long()  # any integer dtype: scatter_add_ takes int64
+    index = positions.index_select(-1, axes.long()) if axes is not None else positions.expand(
         *positions.shape[:-1], rd // 2)
     flat = index.reshape(-1, index.shape[-1])
     return tuple(

@@ -254,9 +254,9 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                          f"of the tables), got {tuple(pair_axes.shape)}")
     positions, pair_axes = positions.long(), pair_axes.long()
     (table_len, pairs), k = cos.shape, positions.shape[-1]
-    if cos.is_cpu and positions.numel() and pairs and watcher(cos, sin, positions) is None:
-        low, high, axis_low, axis_high = (int(v) for v in (*torch.aminmax(positions),
-                                                          *torch.aminmax(pair_axes)))
+    if cos.is_cpu and pairs and watcher(cos, sin, positions) is None:
+        axis_low, axis_high = (int(v) for v in torch.aminmax(pair_axes))
+        low, high = (int(v) for v in torch.aminmax(positions)) if positions.numel() else (0, -1)
         if low < 0 or high >= table_len or axis_low < 0 or axis_high >= k:
             raise ValueError(f"positions must be in [0, {table_len}) (the table's rows) and "
                              f"pair_axes in [0, {k}) (the axes), got positions in [{low}, "

@@ -19,6 +19,7 @@ import shlex
 import struct
 import subprocess
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ TABLE_TILE_BYTES = 256 << 10  # larger tables: tiles of this much, in a second-l
 UNITS_PER_THREAD = 4  # so that threads' shares differ by a quarter at most
 
 _enabled = os.environ.get("ROPELIB_NATIVE", "1") != "0"
+_build_lock = threading.Lock()  # one build per process (racing processes replace atomically)
 _PTR = ctypes.c_void_p
 _MADVISE = ctypes.CDLL(None).madvise if hasattr(mmap, "MADV_HUGEPAGE") else None
 
@@ -92,8 +94,9 @@ def _load() -> tuple[Loop | None, str | None]:
         SOURCE.read_bytes(), compiler, " ".join(FLAGS), platform.machine(), platform.system())))
     target = cache_dir() / f"native_rope-{key.hexdigest()[:16]}.so"
     try:
-        if not target.exists():  # racing builders each move a whole library into place
-            _compile(compiler, target)
+        with _build_lock:
+            if not target.exists():
+                _compile(compiler, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
         reason = f"{type(error).__name__}: {error}"
@@ -165,7 +168,7 @@ def run(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: T
 def table_rows(table: Tensor, positions: Tensor, axes: Tensor | None) -> Tensor:
     """Rows ``(..., seq, pairs)`` of a table ``(table_len, pairs)`` at coordinates ``(..., seq,
     k)`` in range: pair i from coordinate ``axes[i]`` (None: k is 1). PyTorch operations."""
-    flat = positions.reshape(-1, positions.shape[-1])
+    flat = positions.reshape(-1, positions.shape[-1]).long()  # index_select takes int32/64
     rows = table.index_select(0, flat[:, 0])
     for axis in range(1, flat.shape[1]):  # M-RoPE: axes given
         rows = torch.where(axes == axis, table.index_select(0, flat[:, axis]), rows)

@@ -73,7 +73,10 @@ def apply_rope(
             ropelib grew from; it silently destroys relative positions there).
         out: destination with x's shape, dtype and device (a buffer, or ``x`` itself: in
             place); it may not share memory with cos or sin, nor elements with x unless it
-            is x. Not differentiable: use it under ``torch.no_grad()`` or without grads.
+            is x (checked where the tensors have addresses: not inside a ``torch.compile`` or
+            ``torch.export`` graph, which copies the rotation into ``out``, as PyTorch's own
+            ``out=`` operations are not checked there). Not differentiable: use it under
+            ``torch.no_grad()`` or without grads.
         axes: multi-axis RoPE (M-RoPE, Qwen2-VL; Wang et al. 2024): integer ``(rotary_dim //
             2,)``, the coordinate each pair turns with (``RotaryEmbedding.pair_axes``,
             ``ropelib.multiaxis.axis_of_pairs``): pair i of a token at coordinates p reads

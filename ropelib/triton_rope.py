@@ -229,7 +229,8 @@ def _reason(xs: tuple, outs: tuple, cos: tuple, sin: tuple, positions: tuple | N
         rows = (cos if positions is None else positions)[0]
         return ("the leading dims of x, out and the rows cannot be merged into a batch dim "
                 "(rows vary) and a heads dim (rows shared)" + ("; rows that differ per head "
-                "(dim -3) are taken only where x's leading dims merge into the batch dim"
+                "(dim -3) are taken only where x's, out's and the rows' leading dims all "
+                "merge into the batch dim"
                 if len(rows) > 2 and rows[-3] > 1 else ""))
     if merged[0] > MAX_GRID_Y:
         return f"at most {MAX_GRID_Y} batch entries with rows of their own, got {merged[0]}"

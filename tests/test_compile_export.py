@@ -502,3 +502,23 @@ def test_a_compiled_module_is_not_recompiled_when_its_tables_grow(multi_axis):
                     torch.testing.assert_close(cos.to(F64), angles.cos(), rtol=0, atol=1e-6)
                     torch.testing.assert_close(sin.to(F64), angles.sin(), rtol=0, atol=1e-6)
         assert counter.frame_count == 1, type(target).__name__
+
+
+def test_destinations_of_tensor_subclasses_are_checked_like_plain_ones():
+    """An eager call that takes the operator because a tensor is a subclass (a Parameter
+    table, a subclassed x) still refuses a destination sharing memory with a table or with
+    x, with the plain call's message."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    cos, sin = generate_rope_embeddings(8, 16)
+    memory = torch.zeros(256)
+    memory[:64] = cos.flatten()
+    table = torch.nn.Parameter(memory[:64].view(8, 8), requires_grad=False)
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="out shares memory with cos"):
+        apply_rope(x, table, sin, out=memory.view(1, 2, 8, 16))
+    buffer = torch.randn(1, 2, 9, 16)
+    with pytest.raises(ValueError, match="out shares memory with x but is not x itself"):
+        apply_rope(buffer[:, :, :8].as_subclass(Sub), cos, sin, out=buffer[:, :, 1:])

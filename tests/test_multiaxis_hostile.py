@@ -517,3 +517,29 @@ def test_item7_rotary_embedding_names_the_k_it_saw_and_the_four_row_form():
                                          r"3 axes .*got \(2, 5, 4\) \(k = 4\); transformers' "
                                          r"Qwen2-VL .*position_ids\[-3:\]\.permute\(1, 2, 0\)"):
         rotary(positions=torch.zeros(2, 5, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("backend", ["native", "eager"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_operators_read_integer_coordinates_of_any_width(backend, dtype, monkeypatch):
+    """``torch.ops.ropelib.rotate`` takes coordinates of any integer dtype (its checks
+    accept them): each CPU backend rotates, and the tables' gradient is scattered, as with
+    int64 coordinates."""
+    monkeypatch.setenv("ROPELIB_BACKEND", backend)
+    x = torch.randn(1, 2, 3, 8)
+    positions = torch.tensor([[[1, 99, 5], [7, 0, 42], [3, 3, 3]]])[None]  # (1, 1, 3, 3)
+    results = []
+    for p, axes in ((positions, AXES), (positions.to(dtype), AXES.to(dtype))):
+        cos, sin, _ = _tables()
+        cos.requires_grad_()
+        rotated = torch.ops.ropelib.rotate(x, cos, sin, "half", 8, False, p, axes)
+        rotated.sum().backward()
+        results.append((rotated.detach(), cos.grad))
+    assert torch.equal(results[1][0], results[0][0])
+    assert torch.equal(results[1][1], results[0][1])
+
+
+def test_axis_rows_refuses_axes_out_of_range_without_positions_too():
+    cos, sin, _ = _tables()
+    with pytest.raises(ValueError, match=r"pair_axes in \[0, 3\).*got .*pair_axes in \[-1, 2\]"):
+        axis_rows(cos, sin, torch.zeros(0, 3, dtype=torch.long), torch.tensor([0, -1, 1, 2]))

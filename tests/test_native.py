@@ -7,6 +7,7 @@ torch's own float32 arithmetic and bfloat16 rounding for the bit-level checks.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 import torch
@@ -215,8 +216,7 @@ def test_multi_axis_positions_rotate_each_pair_by_its_axis(dtype, layout, shape)
     coordinates p by the table row p[axes[i]] (it gathers the rows, then runs the loop):
     against float64 rotations by the angles p[axes[i]] * theta_i, for positions shared by the
     batch or one row per batch entry, tokens on the diagonal and off it, a partial rotation,
-    out= and in place, 1, 2 or 5 threads (the same bits; in the second shape one run gets 5
-    threads, so its seq is cut into tiles for them), and the inverse, which undoes it."""
+    out= and in place, 1, 2 or 5 threads (the same bits), and the inverse, which undoes it."""
     torch.manual_seed(0)
     (batch, heads, seq, dim), rd, k = shape, 64, 3
     axes = torch.tensor([2, 0, 1, 1] * (rd // 8) + [0] * (rd // 4))[:rd // 2]
@@ -465,3 +465,27 @@ def test_tables_that_are_lazily_negated_views_are_read_as_their_values(monkeypat
         assert "must not be lazily negated" in str(error)
         return
     torch.testing.assert_close(result, expected.float(), rtol=1e-6, atol=1e-6)
+
+
+def test_threads_loading_a_cold_cache_build_the_loop_once(monkeypatch, tmp_path):
+    """Threads that ask for the loop at once on an empty cache build it once between them."""
+    monkeypatch.setenv("ROPELIB_CACHE_DIR", str(tmp_path))
+    builds = []
+    compile_once = native._compile
+
+    def counting(*args):
+        builds.append(args)
+        compile_once(*args)
+
+    monkeypatch.setattr(native, "_compile", counting)
+    native._load.cache_clear()
+    try:
+        threads = [threading.Thread(target=native._load.__wrapped__) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(builds) == 1
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
