@@ -83,19 +83,30 @@ def _as_complex(t: torch.Tensor) -> torch.Tensor:
 
 def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 axes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``(..., seq, pairs)`` of 2-D tables ``(table_len, pairs)``: ``rows[..., n, i] =
-    table[positions[..., n, axes[i]], i]`` (``positions`` ``(..., seq, k)``; axes None: k is
-    1); a coordinate outside the table reads no memory and gives NaN, as in the Triton kernel."""
+    """``table_rows`` of both tables, where a coordinate outside the table reads no memory
+    and gives NaN, as in the Triton kernel."""
     table_len, width = cos.shape
-    positions = positions.long()  # any integer dtype: gather takes int64
-    index = (positions[..., :1].expand(*positions.shape[:-1], width) if axes is None
-             else positions.index_select(-1, axes.long()))
+    positions = positions.long()
     if not table_len:  # nothing to read: every row is outside
-        return (torch.full(index.shape, float("nan"), dtype=cos.dtype, device=cos.device),) * 2
-    inside = (index >= 0) & (index < table_len)
-    flat = index.clamp(0, table_len - 1).reshape(-1, width)
-    return tuple(table.gather(0, flat).reshape(index.shape).masked_fill(~inside, float("nan"))
+        shape = positions.shape[:-1] + (width,)
+        return (torch.full(shape, float("nan"), dtype=cos.dtype, device=cos.device),) * 2
+    outside = (positions < 0) | (positions >= table_len)
+    outside = (outside.expand(*outside.shape[:-1], width) if axes is None
+               else outside.index_select(-1, axes.long()))
+    inside = positions.clamp(0, table_len - 1)
+    return tuple(table_rows(table, inside, axes).masked_fill(outside, float("nan"))
                  for table in (cos, sin))
+
+
+def table_rows(table: torch.Tensor, positions: torch.Tensor,
+               axes: torch.Tensor | None) -> torch.Tensor:
+    """Rows ``(..., seq, pairs)`` of a table ``(table_len, pairs)`` at coordinates ``(..., seq,
+    k)`` in range: pair i from coordinate ``axes[i]`` (None: k is 1). PyTorch operations."""
+    flat = positions.reshape(-1, positions.shape[-1]).long()  # index_select takes int32/64
+    rows = table.index_select(0, flat[:, 0])
+    for axis in range(1, flat.shape[1]):  # M-RoPE: axes given
+        rows = torch.where(axes == axis, table.index_select(0, flat[:, axis]), rows)
+    return rows.view(*positions.shape[:-1], table.shape[1])
 
 
 def pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

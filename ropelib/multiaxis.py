@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import native
+from . import eager
 from ._checks import (
     as_int,
     check_base,
@@ -264,8 +264,8 @@ def axis_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     else:  # a position out of range: torch's index error in index_select
         torch._assert_async(((pair_axes >= 0) & (pair_axes < k)).all(),
                             f"pair_axes must be in [0, {k}) (the axes of positions)")
-    return (native.table_rows(cos, positions, pair_axes),
-            native.table_rows(sin, positions, pair_axes))
+    return (eager.table_rows(cos, positions, pair_axes),
+            eager.table_rows(sin, positions, pair_axes))
 
 
 class RoPEMixed(nn.Module):

@@ -2,7 +2,7 @@
 it once, as a copy does (eager PyTorch makes two or more passes, and temporaries). Built with
 ``$CC`` (default ``cc``, or a command line: ``CC="ccache gcc"``) on first use, kept in
 ``cache_dir()``, called through ctypes; with OpenMP it splits large tensors over PyTorch's
-threads (one in a forked DataLoader worker). Positions: ``table_rows``, then the loop. A
+threads (one in a forked DataLoader worker). Positions: ``eager.table_rows``, then the loop. A
 failed build warns once; ``ropelib.native_status()`` says which path CPU calls take;
 ``set_enabled(False)`` (or ``ROPELIB_NATIVE=0``) turns the loop off."""
 
@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from .eager import table_rows
 
 NAME = "native"
 CHECKS_PENDING = False  # coordinates arrive settled (``kernels.resolve_pending``)
@@ -163,16 +165,6 @@ def run(xs: Sequence[Tensor], outs: Sequence[Tensor | None], cos: Tensor, sin: T
     for x, out in zip(xs, outs, strict=True):  # a loop, not a comprehension: no frame of its own
         done.append(rotate(x, cos, sin, layout, rotary_dim, out, inverse))
     return done
-
-
-def table_rows(table: Tensor, positions: Tensor, axes: Tensor | None) -> Tensor:
-    """Rows ``(..., seq, pairs)`` of a table ``(table_len, pairs)`` at coordinates ``(..., seq,
-    k)`` in range: pair i from coordinate ``axes[i]`` (None: k is 1). PyTorch operations."""
-    flat = positions.reshape(-1, positions.shape[-1]).long()  # index_select takes int32/64
-    rows = table.index_select(0, flat[:, 0])
-    for axis in range(1, flat.shape[1]):  # M-RoPE: axes given
-        rows = torch.where(axes == axis, table.index_select(0, flat[:, axis]), rows)
-    return rows.view(*positions.shape[:-1], table.shape[1])
 
 
 def empty_like(x: Tensor) -> Tensor:
